@@ -1,0 +1,37 @@
+# Two commands for a newcomer: `make demo` and `make test`.
+# Both create .venv when missing and reinstall only when the requirements change.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+JOBS ?= 2
+
+.PHONY: demo test test-slow bench install clean-venv
+
+$(PY):
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "calib_jax needs Python >= 3.11, found " + sys.version.split()[0]'
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) requirements.txt requirements-test.txt constraints.txt pyproject.toml
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt \
+		-r requirements.txt -r requirements-test.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) experiments/demo_digits.py
+
+test: $(STAMP)
+	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m 'not slow' tests
+
+test-slow: $(STAMP)
+	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m slow tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/losses.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Training-time calibration losses (filled in by the loss modules)."""

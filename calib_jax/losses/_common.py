@@ -1,0 +1,136 @@
+"""Shared input handling for the loss functions: dtypes, shapes, masks.
+
+Everything here runs at trace time on static information (dtypes, shapes,
+concrete Python hyperparameters) and adds nothing to the compiled computation
+beyond the upcast and the mask.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def prepare(logits, labels, where=None):
+    """Checks and canonicalises ``(logits, labels, where)`` of a loss call.
+
+    Args:
+      logits: float ``[B, K]``; bf16/fp16 are upcast to float32.
+      labels: int ``[B]`` class ids in ``[0, K)``.
+      where: optional bool ``[B]``; ``False`` rows are excluded.
+
+    Returns:
+      ``(logits32, labels, mask)`` with ``logits32`` float32 (or float64 when
+      the input is float64) ``[B, K]``, ``labels`` int32 ``[B]`` and ``mask``
+      bool ``[B]`` (all True when ``where`` is None).
+
+    Raises:
+      TypeError: non-floating logits, non-integer labels or non-bool ``where``.
+      ValueError: wrong ranks or mismatched batch sizes.
+    """
+    logits = jnp.asarray(logits)
+    labels = jnp.asarray(labels)
+    if not jnp.issubdtype(logits.dtype, jnp.floating):
+        raise TypeError(f"logits must be floating point, got dtype {logits.dtype}.")
+    if not jnp.issubdtype(labels.dtype, jnp.integer):
+        raise TypeError(f"labels must be integer class ids, got dtype {labels.dtype}.")
+    if logits.ndim != 2:
+        raise ValueError(f"logits must have shape [B, K], got shape {logits.shape}.")
+    if labels.ndim != 1:
+        raise ValueError(f"labels must have shape [B], got shape {labels.shape}.")
+    if logits.shape[0] != labels.shape[0]:
+        raise ValueError(
+            f"logits and labels disagree on the batch size: logits {logits.shape}, "
+            f"labels {labels.shape}."
+        )
+    dtype = jnp.promote_types(logits.dtype, jnp.float32)
+    logits = logits.astype(dtype)
+    labels = labels.astype(jnp.int32)
+    mask = valid_mask(where, logits.shape[0])
+    return logits, labels, mask
+
+
+def valid_mask(where, batch_size: int) -> jax.Array:
+    """Returns the bool ``[B]`` mask of included rows (all True for None)."""
+    if where is None:
+        return jnp.ones((batch_size,), dtype=bool)
+    where = jnp.asarray(where)
+    if where.dtype != jnp.bool_:
+        raise TypeError(f"where must be a bool mask, got dtype {where.dtype}.")
+    if where.shape != (batch_size,):
+        raise ValueError(
+            f"where must have shape [B] = ({batch_size},), got {where.shape}."
+        )
+    return where
+
+
+def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean of ``values[mask]``; 0 when no row is included.
+
+    ``jnp.where`` (not a product) keeps NaN/inf of excluded rows out.
+    """
+    total = jnp.sum(jnp.where(mask, values, 0.0))
+    count = jnp.sum(mask.astype(values.dtype))
+    return total / jnp.maximum(count, 1.0)
+
+
+def masked_sum(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Sum of ``values[mask]``; excluded rows may hold NaN/inf."""
+    return jnp.sum(jnp.where(mask, values, 0.0))
+
+
+def zero_masked(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Per-example output with excluded rows set to exactly 0."""
+    return jnp.where(mask, values, jnp.zeros_like(values))
+
+
+def _concrete(value):
+    """Returns ``value`` as a float when it is a concrete scalar, else None."""
+    if isinstance(value, jax.core.Tracer):
+        return None
+    if isinstance(value, numbers.Number):
+        return float(value)
+    arr = np.asarray(value) if not isinstance(value, jax.Array) else value
+    if getattr(arr, "ndim", 1) != 0:
+        return None
+    try:
+        return float(arr)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+def check_positive(name: str, value) -> None:
+    """Raises ValueError if a concrete hyperparameter is not > 0 (tracers pass)."""
+    v = _concrete(value)
+    if v is not None and not v > 0:
+        raise ValueError(f"{name} must be > 0, got {v}.")
+
+
+def check_nonnegative(name: str, value) -> None:
+    """Raises ValueError if a concrete hyperparameter is < 0 (tracers pass)."""
+    v = _concrete(value)
+    if v is not None and not v >= 0:
+        raise ValueError(f"{name} must be >= 0, got {v}.")
+
+
+def check_num_bins(num_bins) -> int:
+    """Validates the static bin count and returns it as an int."""
+    if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral):
+        raise ValueError(f"num_bins must be a Python int >= 1, got {num_bins!r}.")
+    if num_bins < 1:
+        raise ValueError(f"num_bins must be >= 1, got {num_bins}.")
+    return int(num_bins)
+
+
+def check_unit_interval(name: str, value, *, closed_left: bool = False) -> None:
+    """Raises ValueError if a concrete value lies outside (0, 1] (or [0, 1])."""
+    v = _concrete(value)
+    if v is None:
+        return
+    ok = (0.0 <= v <= 1.0) if closed_left else (0.0 < v <= 1.0)
+    if not ok:
+        interval = "[0, 1]" if closed_left else "(0, 1]"
+        raise ValueError(f"{name} must lie in {interval}, got {v}.")

@@ -1,0 +1,3 @@
+"""Property-suite cases of the per-example losses (see _harness.py)."""
+
+CASES = []

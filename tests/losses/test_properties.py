@@ -1,0 +1,182 @@
+"""Properties every loss must have, run over every case of every loss module.
+
+Per case: value against the float64 reference, check_grads (order 1, float64),
+jit equals eager, ``where`` equals slicing, bf16 in gives finite float32 out,
+finite gradients at extreme logits and for all-correct / all-wrong batches,
+no retrace across batches of one shape. Batch-level cases also: invariance to
+permuting the batch and global-batch semantics on 8 sharded CPU devices.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.test_util import check_grads
+
+from _harness import random_batch
+from cases_batch import CASES as BATCH_CASES
+from cases_pointwise import CASES as POINTWISE_CASES
+
+CASES = POINTWISE_CASES + BATCH_CASES
+ids = [c.name for c in CASES]
+BATCH_ONLY = [c for c in CASES if c.batch_level]
+
+
+def _call(case, logits, labels, **kw):
+    return case.fn(logits, labels, **case.hparams, **kw)
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_value_matches_float64_reference(case):
+    logits, labels = random_batch(case)
+    got = np.asarray(_call(case, logits, labels))
+    want = np.asarray(
+        case.ref(logits.astype(np.float64), labels, **case.hparams), np.float64
+    )
+    assert got.dtype == np.float32
+    assert got.shape == (() if case.batch_level else (case.batch_size,))
+    np.testing.assert_allclose(got, want, rtol=case.rtol, atol=case.atol)
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_check_grads_order1(case):
+    logits, labels = random_batch(case, seed=1)
+    with jax.enable_x64(True):
+        x = jnp.asarray(logits, jnp.float64)
+        y = jnp.asarray(labels)
+
+        check_grads(
+            lambda x: _call(case, x, y),
+            (x,),
+            order=1,
+            modes=("rev",),
+            eps=1e-4 if case.smooth else 1e-6,
+            atol=case.grad_atol,
+            rtol=case.grad_rtol,
+        )
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_jit_equals_eager(case):
+    logits, labels = random_batch(case, seed=2)
+    eager = _call(case, logits, labels)
+    jitted = jax.jit(lambda x, y: _call(case, x, y))(logits, labels)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_where_equals_slicing(case):
+    logits, labels = random_batch(case, seed=3)
+    mask = np.random.default_rng(3).random(case.batch_size) < 0.6
+    mask[:2] = True
+    # Garbage in the excluded rows must not leak (NaN included).
+    dirty = logits.copy()
+    dirty[~mask] = np.nan
+    masked = np.asarray(_call(case, dirty, labels, where=jnp.asarray(mask)))
+    sliced = np.asarray(_call(case, logits[mask], labels[mask]))
+    if case.batch_level:
+        np.testing.assert_allclose(masked, sliced, rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_allclose(masked[mask], sliced, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(masked[~mask], 0.0)
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_where_masked_gradients_are_finite_and_zero(case):
+    logits, labels = random_batch(case, seed=4)
+    mask = np.arange(case.batch_size) % 3 != 0
+    dirty = logits.copy()
+    dirty[~mask] = 1e4
+
+    def f(x):
+        return jnp.sum(_call(case, x, labels, where=jnp.asarray(mask)))
+
+    g = np.asarray(jax.grad(f)(jnp.asarray(dirty)))
+    assert np.all(np.isfinite(g))
+    np.testing.assert_array_equal(g[~mask], 0.0)
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_bf16_input_gives_float32_output(case):
+    logits, labels = random_batch(case, seed=5)
+    low = jnp.asarray(logits, jnp.bfloat16)
+    out = _call(case, low, labels)
+    assert out.dtype == jnp.float32
+    assert np.all(np.isfinite(np.asarray(out)))
+    # Same value as the float32 computation on the bf16-rounded logits.
+    want = _call(case, np.asarray(low.astype(jnp.float32)), labels)
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-7)
+
+
+def _grad_of_sum(case, logits, labels):
+    return np.asarray(
+        jax.grad(lambda x: jnp.sum(_call(case, x, labels)))(jnp.asarray(logits))
+    )
+
+
+@pytest.mark.parametrize("scale", [1e2, 1e4])
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_finite_at_extreme_logits(case, scale):
+    logits, labels = random_batch(case, seed=6)
+    big = np.sign(logits) * scale + logits  # magnitudes up to about +-scale
+    out = np.asarray(_call(case, big, labels))
+    assert np.all(np.isfinite(out))
+    assert np.all(np.isfinite(_grad_of_sum(case, big, labels)))
+
+
+@pytest.mark.parametrize("correct", [True, False], ids=["all_correct", "all_wrong"])
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_finite_on_all_correct_and_all_wrong(case, correct):
+    logits, _ = random_batch(case, seed=7)
+    top = logits.argmax(axis=1)
+    labels = top if correct else (top + 1) % case.num_classes
+    labels = labels.astype(np.int32)
+    for scale in (1.0, 30.0):
+        out = np.asarray(_call(case, logits * scale, labels))
+        assert np.all(np.isfinite(out))
+        assert np.all(np.isfinite(_grad_of_sum(case, logits * scale, labels)))
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_no_retrace_across_batches_of_one_shape(case):
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def f(x, y):
+        return _call(case, x, y)
+
+    for seed in range(3):
+        logits, labels = random_batch(case, seed=10 + seed)
+        f(logits, labels)
+    chex.clear_trace_counter()
+
+
+@pytest.mark.parametrize("case", BATCH_ONLY, ids=[c.name for c in BATCH_ONLY])
+def test_batch_level_invariant_to_permutation(case):
+    logits, labels = random_batch(case, seed=8)
+    perm = np.random.default_rng(8).permutation(case.batch_size)
+    a = _call(case, logits, labels)
+    b = _call(case, logits[perm], labels[perm])
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", BATCH_ONLY, ids=[c.name for c in BATCH_ONLY])
+def test_batch_level_global_semantics_on_8_devices(case):
+    assert jax.device_count() == 8
+    logits, labels = random_batch(case, seed=9)
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    rows = NamedSharding(mesh, P("data"))
+    x = jax.device_put(jnp.asarray(logits), rows)
+    y = jax.device_put(jnp.asarray(labels), rows)
+    w = jax.device_put(jnp.arange(case.batch_size) % 5 != 1, rows)
+    f = jax.jit(lambda x, y, w: _call(case, x, y, where=w))
+    sharded = f(x, y, w)
+    single = f(
+        jax.device_put(logits, jax.devices()[0]),
+        jax.device_put(labels, jax.devices()[0]),
+        jax.device_put(np.arange(case.batch_size) % 5 != 1, jax.devices()[0]),
+    )
+    np.testing.assert_allclose(sharded, single, rtol=1e-6, atol=1e-7)

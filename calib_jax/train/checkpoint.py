@@ -1,0 +1,66 @@
+"""A thin wrapper over Orbax's CheckpointManager: save, and resume from the latest good one."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+
+from calib_jax.train.state import TrainState
+
+
+class Checkpointer:
+    """Saves ``TrainState`` under ``<workdir>/checkpoints/<step>``.
+
+    Restores always go through an abstract target (shapes, dtypes and
+    shardings of a freshly initialised state), so arrays come back with the
+    shardings the step expects. A checkpoint that cannot be read (partially
+    written, truncated or missing files) is skipped with a warning that names
+    it, and the previous one is tried; nothing is deleted.
+    """
+
+    def __init__(self, workdir: str | Path, *, max_to_keep: int | None = 3):
+        self.directory = Path(workdir).absolute() / "checkpoints"
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+        )
+
+    def save(self, state: TrainState, *, force: bool = False) -> None:
+        step = int(jax.device_get(state.step))
+        if step in self.manager.all_steps():
+            return
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state)),
+            force=force,
+        )
+
+    def restore_latest(self, abstract_state: TrainState) -> TrainState | None:
+        """The newest readable checkpoint, or None when there is none."""
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                restored = self.manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract_state)
+                    ),
+                )
+                return restored["state"]
+            except Exception as e:  # noqa: BLE001 - any read failure means skip it
+                logging.warning(
+                    "Skipping unreadable checkpoint %s (%s: %s); trying the previous one.",
+                    self.directory / str(step),
+                    type(e).__name__,
+                    str(e).splitlines()[0] if str(e) else "",
+                )
+        return None
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

@@ -1,0 +1,143 @@
+"""The host training loop: config in, checkpoints, JSONL metrics and logits out."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from ml_collections import ConfigDict
+from tqdm import tqdm
+
+from calib_jax.train import setup as setup_lib
+from calib_jax.train.checkpoint import Checkpointer
+
+
+class _Preemption:
+    """Turns SIGTERM into a flag the loop checks between steps."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread: no signal handling
+            self._previous = None
+        return self
+
+    def _handle(self, signum, frame):
+        del signum, frame
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+class JsonlWriter:
+    """Appends one JSON object per line to ``<workdir>/metrics.jsonl`` (process 0)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write(self, step: int, values: dict) -> None:
+        if jax.process_index() != 0:
+            return
+        row = {"step": int(step), "time": round(time.time(), 3)}
+        row.update({k: float(v) for k, v in values.items()})
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def _summarise(acc: dict) -> dict[str, float]:
+    """Turns accumulated step metrics into means (losses) and ratios (sums)."""
+    acc = jax.device_get(acc)
+    n_steps = max(float(acc.pop("_steps")), 1.0)
+    count = max(float(acc.get("train/count", 0.0)), 1.0)
+    out = {k: float(v) / n_steps for k, v in acc.items() if k.startswith("loss/")}
+    if "train/correct" in acc:
+        out["train/accuracy"] = float(acc["train/correct"]) / count
+        out["train/confidence"] = float(acc["train/confidence"]) / count
+    return out
+
+
+def train_and_evaluate(config: ConfigDict, workdir: str | Path) -> dict[str, float]:
+    """Trains as ``config`` says, resuming from the latest checkpoint in ``workdir``.
+
+    Everything that can be wrong with the config, the names in it or the
+    workdir is checked before any compute. Returns the final evaluation.
+    """
+    workdir = Path(workdir)
+    run = setup_lib.build(config, workdir)  # validates; raises ValueError
+    writer = JsonlWriter(workdir / "metrics.jsonl")
+    ckpt = Checkpointer(workdir)
+
+    state = ckpt.restore_latest(run.abstract_state)
+    if state is None:
+        state = run.init_state()
+        start = 0
+    else:
+        start = int(jax.device_get(state.step))
+        logging.info("Resumed from step %d in %s", start, workdir)
+
+    summary = {}
+    acc = None
+    bar = tqdm(
+        total=run.num_steps,
+        initial=start,
+        desc=f"train {config.model.name}/{config.dataset.name}",
+        unit="step",
+        disable=jax.process_index() != 0,
+        dynamic_ncols=True,
+    )
+    with _Preemption() as preempt:
+        for step in range(start, run.num_steps):
+            state, metrics = run.step(state, step)
+            # Sums stay on device; the host reads them only when logging.
+            if acc is None:
+                acc = dict(metrics, _steps=jnp.ones(()))
+            else:
+                acc = jax.tree.map(jnp.add, acc, dict(metrics, _steps=jnp.ones(())))
+            done = step + 1
+            bar.update(1)
+            if done % config.log_every == 0 or done == run.num_steps:
+                logged = _summarise(acc)
+                acc = None
+                logged["learning_rate"] = float(run.schedule(step))
+                writer.write(done, logged)
+                bar.set_postfix(loss=f"{logged.get('loss/total', float('nan')):.4f}")
+            if done % config.checkpoint_every == 0 or done == run.num_steps:
+                ckpt.save(state)
+            if (
+                config.eval_every
+                and done % config.eval_every == 0
+                and done != run.num_steps
+            ):
+                writer.write(done, run.evaluate(state, export=False))
+            if preempt.requested and done != run.num_steps:
+                ckpt.save(state, force=True)
+                ckpt.close()
+                bar.close()
+                logging.warning(
+                    "SIGTERM: saved step %d and stopped; rerun to resume.", done
+                )
+                return {}
+    bar.close()
+    final_step = int(jax.device_get(state.step))
+    summary = run.evaluate(state, export=True)
+    writer.write(final_step, summary)
+    ckpt.save(state)
+    ckpt.close()
+    return summary
+
+
+def load_jsonl(path: str | Path) -> list[dict]:
+    """Reads a metrics.jsonl file."""
+    with Path(path).open() as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,315 @@
+"""Assembles a run from a config: validation, data, model, loss, optimizer, steps.
+
+``build`` does every check that can fail on the config, the names in it or the
+workdir *before* any compute, and returns a :class:`Run` whose ``step`` and
+``evaluate`` the host loop calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ml_collections import ConfigDict
+
+from calib_jax import data as data_lib
+from calib_jax import losses, models
+from calib_jax.data import augment as augment_lib
+from calib_jax.data import corruptions, pipeline
+from calib_jax.train import evaluate as eval_lib
+from calib_jax.train import mesh as mesh_lib
+from calib_jax.train import optim, step as step_lib, two_stage
+from calib_jax.train.state import TrainState, create
+
+CALIBRATION_STATS = ("global", "per_device")
+_SHIFT_SEED = 10_000
+# Keys that may differ between the config of a run and its resumption.
+_RESUMABLE_KEYS = ("log_every", "eval_every", "checkpoint_every", "eval_batch_size")
+
+
+class SubsetSource:
+    """A random-access view of ``source`` restricted to ``indices``."""
+
+    def __init__(self, source, indices: np.ndarray):
+        self.source, self.indices = source, np.asarray(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        return self.source[int(self.indices[i])]
+
+
+def _resolved(config: ConfigDict) -> dict:
+    return json.loads(config.to_json_best_effort())
+
+
+def check_workdir(config: ConfigDict, workdir: Path) -> None:
+    """Writes ``config.json``, or checks that an existing one is the same run."""
+    path = workdir / "config.json"
+    new = _resolved(config)
+    if path.exists():
+        old = json.loads(path.read_text())
+        strip = lambda d: {k: v for k, v in d.items() if k not in _RESUMABLE_KEYS}  # noqa: E731
+        if strip(old) != strip(new):
+            diff = sorted(
+                k for k in set(old) | set(new) if strip(old).get(k) != strip(new).get(k)
+            )
+            raise ValueError(
+                f"{workdir} holds a run of a different config (differs in: "
+                f"{', '.join(diff)}); use a new --workdir or the same config."
+            )
+        return
+    if jax.process_index() == 0:
+        workdir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(new, indent=2, sort_keys=True) + "\n")
+
+
+@dataclasses.dataclass
+class Run:
+    """A built run: what the host loop needs."""
+
+    config: ConfigDict
+    workdir: Path
+    num_steps: int
+    schedule: Callable[[int], Any]
+    abstract_state: TrainState
+    init_state: Callable[[], TrainState]
+    step: Callable[[TrainState, int], tuple[TrainState, dict]]
+    evaluate: Callable[..., dict[str, float]]
+
+
+def _num_steps(config: ConfigDict, steps_per_epoch: int) -> int:
+    if config.num_steps > 0:
+        return int(config.num_steps)
+    if config.num_epochs > 0:
+        return int(math.ceil(config.num_epochs * steps_per_epoch))
+    raise ValueError("Set config.num_steps or config.num_epochs to a positive number.")
+
+
+def build(config: ConfigDict, workdir: Path) -> Run:
+    """Validates ``config`` and returns the assembled run (no training yet)."""
+    if config.calibration_stats not in CALIBRATION_STATS:
+        raise ValueError(
+            f"config.calibration_stats must be one of {', '.join(CALIBRATION_STATS)}, "
+            f"got '{config.calibration_stats}'."
+        )
+    dataset = data_lib.get_dataset(
+        config.dataset.name, data_dir=config.dataset.data_dir or None
+    )
+    mesh = mesh_lib.data_mesh()
+    mesh_lib.check_batch_size(config.batch_size, mesh)
+    mesh_lib.check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
+    primary = losses.composite(config.loss)
+    secondary = (
+        losses.composite(config.interleaved.secondary)
+        if config.interleaved.enabled
+        else None
+    )
+    if config.two_stage.enabled:
+        stage = two_stage.build_stage_two(config, dataset)  # validates stage-I dir
+    else:
+        stage = None
+        model = models.get_model(
+            config.model.name, num_classes=dataset.num_classes, **config.model.kwargs
+        )
+    shifts = _shifts(config, dataset)
+    check_workdir(config, workdir)
+
+    # ---- data sources and the step -> batch map --------------------------------
+    train_source = dataset.source(config.dataset.train_split)
+    b = config.batch_size
+    pidx, pcount = jax.process_index(), jax.process_count()
+    if config.interleaved.enabled:
+        order = np.random.default_rng(1234).permutation(len(train_source))
+        n_hold = int(round(config.interleaved.holdout_fraction * len(order)))
+        if not 0 < n_hold < len(order):
+            raise ValueError("config.interleaved.holdout_fraction must be in (0, 1).")
+        major = SubsetSource(train_source, np.sort(order[n_hold:]))
+        held = SubsetSource(train_source, np.sort(order[:n_hold]))
+        major_steps, held_steps = math.ceil(len(major) / b), math.ceil(len(held) / b)
+        steps_per_epoch = major_steps + held_steps
+    else:
+        steps_per_epoch = math.ceil(len(train_source) / b)
+    num_steps = _num_steps(config, steps_per_epoch)
+    if stage is not None:
+        forward = stage.make_forward(steps_per_epoch)
+    else:
+        forward = step_lib.model_forward(model)
+
+    def host_batch(step: int) -> tuple[bool, dict]:
+        """(is_secondary, process-local batch) for a global step."""
+        kw = dict(
+            batch_size=b, seed=config.seed, process_index=pidx, process_count=pcount
+        )
+        if not config.interleaved.enabled:
+            return False, pipeline.train_batch(train_source, step=step, **kw)
+        epoch, pos = divmod(step, steps_per_epoch)
+        if pos < major_steps:
+            return False, pipeline.train_batch(
+                major, step=epoch * major_steps + pos, **kw
+            )
+        index = epoch * held_steps + pos - major_steps
+        return True, pipeline.train_batch(held, step=index, **kw)
+
+    # ---- model, optimizer, state -------------------------------------------------
+    tx = optim.make_optimizer(config, num_steps)
+    schedule = optim.make_schedule(config, num_steps)
+    sample = jnp.zeros((1, *dataset.image_shape), jnp.float32)
+    repl, rows = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
+
+    def init_fn(rng):
+        if stage is not None:
+            return stage.init_state(tx, rng)
+        return create(model, tx, rng, _preprocess(dataset, sample))
+
+    rng = jax.random.key(config.seed)
+    abstract = jax.eval_shape(init_fn, rng)
+    state_sharding = jax.tree.map(lambda _: repl, abstract)
+    abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        abstract,
+        state_sharding,
+    )
+
+    def init_state():
+        return jax.jit(init_fn, out_shardings=state_sharding)(rng)
+
+    augment = None
+    if config.augment == "crop_flip":
+        augment = lambda x, r: augment_lib.random_crop_flip(x, r)  # noqa: E731
+    elif config.augment:
+        raise ValueError(
+            f"Unknown config.augment '{config.augment}'; use '' or 'crop_flip'."
+        )
+
+    def wrap(loss):
+        if config.calibration_stats == "per_device":
+            return step_lib.per_device(loss, mesh)
+        return loss
+
+    def pre(forward_fn):
+        def fwd(state, params, images, rng_, train):
+            return forward_fn(state, params, _preprocess(dataset, images), rng_, train)
+
+        return fwd
+
+    hooks = stage.hooks(steps_per_epoch, num_steps) if stage is not None else {}
+    jit_step = lambda loss: jax.jit(  # noqa: E731
+        step_lib.make_train_step(
+            pre(forward), wrap(loss), tx, augment=augment, **hooks
+        ),
+        in_shardings=(state_sharding, rows),
+        out_shardings=(state_sharding, repl),
+        donate_argnums=0,
+    )
+    primary_step = jit_step(primary)
+    secondary_step = jit_step(secondary) if secondary is not None else None
+    put = lambda batch: mesh_lib.put_batch(batch, rows)  # noqa: E731
+
+    def run_step(state, step):
+        is_secondary, local = host_batch(step)
+        local = dict(local, mask=np.ones(len(local["label"]), bool))
+        fn = secondary_step if is_secondary else primary_step
+        return fn(state, put(local))
+
+    eval_step = jax.jit(
+        step_lib.make_eval_step(pre(forward)),
+        in_shardings=(state_sharding, rows),
+        out_shardings=rows,
+    )
+
+    def evaluate(state, *, export: bool) -> dict[str, float]:
+        return _evaluate(
+            config, workdir, dataset, shifts, eval_step, state, put, export
+        )
+
+    return Run(
+        config=config,
+        workdir=workdir,
+        num_steps=num_steps,
+        schedule=schedule,
+        abstract_state=abstract,
+        init_state=init_state,
+        step=run_step,
+        evaluate=evaluate,
+    )
+
+
+def _preprocess(dataset, images):
+    return augment_lib.normalize(images, dataset.mean, dataset.std)
+
+
+def _shifts(config: ConfigDict, dataset) -> list[tuple[str, int]]:
+    spec = config.shifts.corruptions.strip()
+    if spec in ("none", ""):
+        return []
+    if spec == "all":
+        names = tuple(corruptions.CORRUPTIONS)
+    else:
+        names = tuple(n.strip() for n in spec.split(",") if n.strip())
+    unknown = [n for n in names if n not in corruptions.CORRUPTIONS]
+    if unknown:
+        raise ValueError(
+            f"Unknown corruption(s) {', '.join(unknown)}. Valid: "
+            f"{', '.join(corruptions.CORRUPTIONS)}."
+        )
+    bad = [s for s in config.shifts.severities if s not in (1, 2, 3, 4, 5)]
+    if bad:
+        raise ValueError(f"Corruption severities must be in 1..5, got {bad}.")
+    return [(n, int(s)) for n in names for s in config.shifts.severities]
+
+
+def _evaluate(config, workdir, dataset, shifts, eval_step, state, put, export):
+    """Metrics on val, test and every shift of test; logits exported when asked."""
+    kw = dict(
+        batch_size=config.eval_batch_size,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+    results, exported = {}, {}
+    splits = [("val", config.dataset.val_split), ("test", config.dataset.test_split)]
+    for key, split in splits:
+        if not split:
+            continue
+        source = dataset.source(split)
+        logits, labels = eval_lib.collect_logits(
+            eval_step, state, pipeline.eval_batches(source, **kw), put
+        )
+        exported[key] = (logits, labels)
+        for name, value in eval_lib.split_metrics(logits, labels).items():
+            results[f"{key}/{name}"] = value
+    if shifts and config.dataset.test_split:
+        test = dataset.source(config.dataset.test_split)
+        per_metric: dict[str, list[float]] = {}
+        for c_index, (name, severity) in enumerate(shifts):
+            # The corrupted test set depends only on (corruption, severity,
+            # batch), never on the training seed: every run sees the same shift.
+            fn = jax.jit(
+                lambda x, i, n=name, s=severity, c=c_index: corruptions.corrupt(
+                    x, n, s, jax.random.fold_in(jax.random.key(_SHIFT_SEED + c), i)
+                )
+            )
+            logits, labels = eval_lib.collect_logits(
+                eval_step, state, pipeline.eval_batches(test, **kw), put, transform=fn
+            )
+            exported[f"shift/{name}/{severity}"] = (logits, labels)
+            for metric, value in eval_lib.split_metrics(logits, labels).items():
+                results[f"shift/{name}/{severity}/{metric}"] = value
+                per_metric.setdefault(metric, []).append(value)
+        for metric, values in per_metric.items():
+            results[f"shift/mean/{metric}"] = float(np.mean(values))
+    if export and jax.process_index() == 0:
+        out = workdir / "logits"
+        out.mkdir(parents=True, exist_ok=True)
+        for key, (logits, labels) in exported.items():
+            fname = key.replace("/", "_") + ".npz"
+            np.savez(out / fname, logits=logits, labels=labels)
+    return results

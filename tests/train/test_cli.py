@@ -1,0 +1,122 @@
+"""The training command line: a real digits run, resume after SIGKILL, bad input."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+import _cli
+
+QUICK = (
+    "--config.num_steps=30",
+    "--config.checkpoint_every=5",
+    "--config.log_every=5",
+    "--config.shifts.corruptions=gaussian_noise",
+    "--config.shifts.severities=(3,)",
+)
+
+
+def _final_logits(workdir):
+    with np.load(workdir / "logits" / "test.npz") as f:
+        return f["logits"], f["labels"]
+
+
+def test_digits_run_reaches_95_percent_and_logs_shifted_ece(tmp_path):
+    result = _cli.run(
+        "digits_ce.py",
+        tmp_path,
+        "--config.shifts.corruptions=gaussian_noise,contrast,pixelate",
+        "--config.shifts.severities=(1,3,5)",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [
+        json.loads(line)
+        for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ]
+    final = rows[-1]
+    assert final["test/accuracy"] >= 0.95
+    assert 0.0 <= final["test/ece"] < 0.1
+    for name in ("gaussian_noise", "contrast", "pixelate"):
+        for severity in (1, 3, 5):
+            assert 0.0 <= final[f"shift/{name}/{severity}/ece"] <= 1.0
+    assert "shift/mean/ece" in final
+    # Training loss was logged and went down.
+    losses = [r["loss/total"] for r in rows if "loss/total" in r]
+    assert losses[-1] < losses[0]
+    # Resolved config before step 0, exported logits for the post-hoc CLI.
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["loss"][0]["name"] == "cross_entropy"
+    logits, labels = _final_logits(tmp_path)
+    assert logits.shape == (360, 10) and labels.shape == (360,)
+    assert (tmp_path / "logits" / "shift_gaussian_noise_3.npz").exists()
+
+
+def test_sigkill_then_rerun_resumes_and_matches_an_uninterrupted_run(tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert _cli.run("digits_ce.py", straight, *QUICK).returncode == 0
+
+    proc = subprocess.Popen(
+        _cli.command("digits_ce.py", killed, *QUICK, "--config.num_steps=30"),
+        cwd=_cli.ROOT,
+        env=_cli.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ckpts = killed / "checkpoints"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        done = (
+            [p for p in ckpts.glob("*") if p.name.isdigit()] if ckpts.exists() else []
+        )
+        if any(int(p.name) >= 10 for p in done):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    steps = sorted(int(p.name) for p in ckpts.glob("*") if p.name.isdigit())
+    assert steps and max(steps) < 30, steps  # it really was interrupted
+
+    result = _cli.run("digits_ce.py", killed, *QUICK)
+    assert result.returncode == 0, result.stderr[-2000:]
+    a, _ = _final_logits(straight)
+    b, _ = _final_logits(killed)
+    np.testing.assert_array_equal(a, b)  # bit for bit on CPU
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (("--config.model.name=resnet7",), "Unknown model 'resnet7'"),
+        (("--config.dataset.name=mnist",), "Unknown dataset 'mnist'"),
+        (("--config.loss=[{'name': 'xent'}]",), "Unknown loss 'xent'"),
+        (("--config.batch_size=12",), "not divisible by the 8 devices"),
+        (("--config.calibration_stats=sometimes",), "calibration_stats"),
+    ],
+)
+def test_bad_input_is_one_line_before_compute(tmp_path, overrides, message):
+    result = _cli.run("digits_ce.py", tmp_path / "w", *overrides, num_devices=8)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+def test_config_typo_is_rejected(tmp_path):
+    result = _cli.run("digits_ce.py", tmp_path, "--config.num_stepz=3")
+    assert result.returncode != 0
+    assert "num_stepz" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_workdir_of_another_config_is_refused_and_kept(tmp_path):
+    assert _cli.run("digits_ce.py", tmp_path, *QUICK).returncode == 0
+    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    result = _cli.run("digits_ce.py", tmp_path, *QUICK, "--config.seed=1")
+    assert result.returncode != 0
+    assert "different config" in result.stderr and "seed" in result.stderr
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before

@@ -35,7 +35,9 @@ def base() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
 
-    c.model = ml_collections.ConfigDict(dict(name="mlp", kwargs=ml_collections.ConfigDict()))
+    c.model = ml_collections.ConfigDict(
+        dict(name="mlp", kwargs=ml_collections.ConfigDict())
+    )
     c.dataset = ml_collections.ConfigDict(
         dict(
             name="digits",
@@ -46,7 +48,7 @@ def base() -> ml_collections.ConfigDict:
         )
     )
     # Loss terms: [{name, weight, **hparams}] -> calib_jax.losses.composite.
-    c.loss = [dict(name="cross_entropy", weight=1.0)]
+    c.loss = (dict(name="cross_entropy", weight=1.0),)
 
     c.optimizer = ml_collections.ConfigDict(
         dict(
@@ -89,7 +91,7 @@ def base() -> ml_collections.ConfigDict:
         dict(
             enabled=False,
             holdout_fraction=0.1,
-            secondary=[dict(name="sb_ece", weight=1.0)],
+            secondary=(dict(name="sb_ece", weight=1.0),),
         )
     )
     # MaC-Cal stage II (masked retraining of a new head on frozen features).
@@ -106,3 +108,12 @@ def base() -> ml_collections.ConfigDict:
         )
     )
     return c
+
+
+def choose(name: str, options: dict, what: str = "loss"):
+    """``options[name]``, or a ValueError listing the valid choices."""
+    if name not in options:
+        raise ValueError(
+            f"Unknown {what} '{name}'. Valid: {', '.join(sorted(options))}."
+        )
+    return options[name]

@@ -1,4 +1,8 @@
-"""Command line: ``python -m calib_jax.train --config configs/<file>.py[:arg] --workdir DIR``."""
+"""Command line: ``python -m calib_jax.train --config configs/<file>.py[:arg] --workdir DIR``.
+
+User errors (a config typo, an unknown name, a bad workdir) end the run with one
+line on stderr and exit code 2, before any compute starts.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,36 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for checkpoints, metrics and logits."
 )
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def fail(message: str) -> None:
+    """Prints a one-line error and exits with status 2.
+
+    A multi-line message (a config file's own traceback, a list of attempted
+    paths) is cut to its last line, which names the actual problem.
+    """
+    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
+    head = lines[0].split(":", 1)[0] if lines else "error"
+    line = lines[-1] if len(lines) > 1 else (lines[0] if lines else "unknown error")
+    if len(lines) > 1 and not line.startswith(head):
+        line = f"{head}: {line}"
+    print(f"error: {line}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing with config errors (typos, bad values) as one line."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        fail(f"{e}")
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        # config_flags raises these for a misspelt or ill-typed --config.x=y;
+        # their text is a repr with escaped quotes and newlines.
+        text = str(e).encode("utf-8").decode("unicode_escape").replace("'", "")
+        fail(f"bad --config override: {text}")
+    return []
 
 
 def main(argv):
@@ -22,19 +56,23 @@ def main(argv):
 
     logging.getLogger("absl").setLevel(logging.WARNING)
     try:
-        summary = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+        config = _CONFIG.value
+        config.keys()  # a file that failed to load raises on first access
+    except Exception as e:  # noqa: BLE001 - config files are loaded lazily here
+        fail(f"could not load --config: {e}")
+    try:
+        summary = train_and_evaluate(config, _WORKDIR.value)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    for key in sorted(
+        fail(str(e))
+    shown = sorted(
         k for k in summary if k.count("/") == 1 or k.startswith("shift/mean/")
-    ):
+    )
+    for key in shown:
         print(f"{key:28s} {summary[key]:.4f}")
 
 
 def run():
-    flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 from ml_collections import ConfigDict
 from tqdm import tqdm
 
@@ -55,15 +54,28 @@ class JsonlWriter:
             f.write(json.dumps(row) + "\n")
 
 
+def _accumulate(acc: dict, metrics: dict) -> dict:
+    """Adds one step's metrics to the running sums (on device, no host sync).
+
+    Interleaved training alternates steps with different loss terms, so every
+    key keeps its own step count.
+    """
+    out = dict(acc)
+    for key, value in metrics.items():
+        total, count = out.get(key, (0.0, 0))
+        out[key] = (total + value, count + 1)
+    return out
+
+
 def _summarise(acc: dict) -> dict[str, float]:
     """Turns accumulated step metrics into means (losses) and ratios (sums)."""
-    acc = jax.device_get(acc)
-    n_steps = max(float(acc.pop("_steps")), 1.0)
-    count = max(float(acc.get("train/count", 0.0)), 1.0)
-    out = {k: float(v) / n_steps for k, v in acc.items() if k.startswith("loss/")}
-    if "train/correct" in acc:
-        out["train/accuracy"] = float(acc["train/correct"]) / count
-        out["train/confidence"] = float(acc["train/confidence"]) / count
+    acc = {k: (float(v), n) for k, (v, n) in jax.device_get(acc).items()}
+    sums = ("train/count", "train/correct", "train/confidence")
+    out = {k: v / n for k, (v, n) in acc.items() if k not in sums}
+    if "train/count" in acc:
+        count = max(acc["train/count"][0], 1.0)
+        out["train/accuracy"] = acc["train/correct"][0] / count
+        out["train/confidence"] = acc["train/confidence"][0] / count
     return out
 
 
@@ -87,7 +99,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str | Path) -> dict[str, flo
         logging.info("Resumed from step %d in %s", start, workdir)
 
     summary = {}
-    acc = None
+    acc = {}
     bar = tqdm(
         total=run.num_steps,
         initial=start,
@@ -100,15 +112,12 @@ def train_and_evaluate(config: ConfigDict, workdir: str | Path) -> dict[str, flo
         for step in range(start, run.num_steps):
             state, metrics = run.step(state, step)
             # Sums stay on device; the host reads them only when logging.
-            if acc is None:
-                acc = dict(metrics, _steps=jnp.ones(()))
-            else:
-                acc = jax.tree.map(jnp.add, acc, dict(metrics, _steps=jnp.ones(())))
+            acc = _accumulate(acc, metrics)
             done = step + 1
             bar.update(1)
             if done % config.log_every == 0 or done == run.num_steps:
                 logged = _summarise(acc)
-                acc = None
+                acc = {}
                 logged["learning_rate"] = float(run.schedule(step))
                 writer.write(done, logged)
                 bar.set_postfix(loss=f"{logged.get('loss/total', float('nan')):.4f}")

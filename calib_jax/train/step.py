@@ -113,6 +113,8 @@ def make_train_step(
                 extra=extra_hook(state, logits, batch["label"], mask)
             )
         metrics = dict(logs, **batch_sums(logits, batch["label"], mask, prefix="train"))
+        if isinstance(new_state.extra, dict) and "q" in new_state.extra:
+            metrics["two_stage/q"] = new_state.extra["q"]  # MaC-Cal retention
         return new_state, metrics
 
     return train_step

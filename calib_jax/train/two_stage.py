@@ -85,6 +85,12 @@ def sample_masks(head_params, q, key) -> dict:
     return jax.tree.unflatten(treedef, out)
 
 
+def masks_for(state: TrainState, params, period) -> dict:
+    """The masks in force for ``period`` (an epoch, or a step with ``mask_every='step'``)."""
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), 7919)
+    return sample_masks(params, state.extra["q"], jax.random.fold_in(key, period))
+
+
 def _load_stage_one(config: ConfigDict, dataset):
     directory = Path(config.two_stage.stage1_workdir or "")
     cfg_path = directory / "config.json"

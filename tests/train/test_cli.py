@@ -93,7 +93,7 @@ def test_sigkill_then_rerun_resumes_and_matches_an_uninterrupted_run(tmp_path):
     [
         (("--config.model.name=resnet7",), "Unknown model 'resnet7'"),
         (("--config.dataset.name=mnist",), "Unknown dataset 'mnist'"),
-        (("--config.loss=[{'name': 'xent'}]",), "Unknown loss 'xent'"),
+        (("--config.loss=({'name': 'xent'},)",), "Unknown loss 'xent'"),
         (("--config.batch_size=12",), "not divisible by the 8 devices"),
         (("--config.calibration_stats=sometimes",), "calibration_stats"),
     ],
@@ -120,3 +120,18 @@ def test_workdir_of_another_config_is_refused_and_kept(tmp_path):
     assert result.returncode != 0
     assert "different config" in result.stderr and "seed" in result.stderr
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ("nonexist.py", "No such file or directory"),
+        ("digits_ce.py:foo=1", "Unknown config argument 'foo'"),
+    ],
+)
+def test_unloadable_config_is_one_line(tmp_path, config, message):
+    result = _cli.run(config, tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

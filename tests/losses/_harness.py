@@ -32,6 +32,10 @@ class LossCase:
       num_classes: K of the random test batch.
       batch_size: B of the random test batch (a multiple of 8 for sharding).
       logit_scale: standard deviation of the random logits.
+      gradient_is_derivative: False for a loss whose gradient is, by its
+        paper's design, not the derivative of its value (AvUC-GS stops
+        gradients, App. F); check_grads is not run on it and its own test file
+        checks the intended gradient instead.
     """
 
     name: str
@@ -47,6 +51,7 @@ class LossCase:
     num_classes: int = 5
     batch_size: int = 32
     logit_scale: float = 2.0
+    gradient_is_derivative: bool = True
 
 
 def random_batch(case: LossCase, seed: int = 0):

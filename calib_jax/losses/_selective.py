@@ -1,0 +1,599 @@
+r"""Selective-classification losses (AURC, AU_Pxτ) and confidence score functions.
+
+Both losses are batch-level reweighted risks
+
+.. math::
+
+    \frac{1}{n}\sum_{i=1}^{n} \beta_i\,\ell_i, \qquad
+    \ell_i = -\log \mathrm{softmax}(z_i)_{y_i},
+
+whose weights :math:`\beta_i` depend on where the confidence score
+:math:`g(z_i)` of sample :math:`i` falls in the batch's distribution of scores
+(Zhou et al. 2025, Def. 3.3 and Eqs. (10)–(17)). The confidence score functions
+(CSFs) of that paper's Appendix Table 1 are public here too: :func:`msp`,
+:func:`neg_entropy` and :func:`softmax_margin`.
+
+The per-row softmax statistics they share with the other batch-level losses
+live in ``_rows.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from calib_jax.losses._common import (
+    check_num_bins,
+    check_positive,
+    check_unit_interval,
+    masked_mean,
+    prepare,
+    valid_mask,
+)
+from calib_jax.losses._rows import _check_logits, _clean, _row_stats, _Rows
+
+CSF_NAMES = ("msp", "neg_entropy", "softmax_margin")
+
+# ---------------------------------------------------------------------------
+# Confidence score functions (Zhou et al. 2025, Appendix Table 1).
+# ---------------------------------------------------------------------------
+
+
+def msp(logits: jax.typing.ArrayLike) -> jax.Array:
+    r"""Maximum softmax probability, a confidence score function (per-example).
+
+    .. math::  g(z) = \max_k \operatorname{softmax}(z)_k
+
+    Args:
+      logits: float ``[B, K]``; bf16/fp16 are upcast to float32.
+
+    Returns:
+      float32 ``[B]`` in :math:`[1/K, 1]`.
+
+    References:
+      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
+      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
+      2025, Appendix Table 1 (MSP).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> print(f"{float(msp(jnp.array([[0.0, 0.0]]))[0]):.2f}")
+      0.50
+    """
+    return _csf(_check_logits(logits), csf="msp")
+
+
+def neg_entropy(logits: jax.typing.ArrayLike) -> jax.Array:
+    r"""Negative Shannon entropy of the softmax, a confidence score (per-example).
+
+    .. math::  g(z) = \sum_k p_k \log p_k, \qquad p = \operatorname{softmax}(z)
+
+    (Appendix Table 1 of [1] prints :math:`\sum_k z_k\log z_k`; the entropy is
+    of the probabilities, which is what is computed here.)
+
+    Args:
+      logits: float ``[B, K]``; bf16/fp16 are upcast to float32.
+
+    Returns:
+      float32 ``[B]`` in :math:`[-\log K, 0]` (natural logarithm).
+
+    References:
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration", 2025,
+      Appendix Table 1 (Negative Entropy).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> print(f"{float(neg_entropy(jnp.array([[0.0, 0.0]]))[0]):.4f}")
+      -0.6931
+    """
+    return _csf(_check_logits(logits), csf="neg_entropy")
+
+
+def softmax_margin(logits: jax.typing.ArrayLike) -> jax.Array:
+    r"""Gap between the two largest softmax probabilities (per-example score).
+
+    .. math::  g(z) = p_{(1)} - p_{(2)}, \qquad p = \operatorname{softmax}(z)
+
+    with :math:`p_{(1)} \ge p_{(2)}` the two largest entries (0 on a tie; equal
+    to :math:`p_{(1)} = 1` when K == 1).
+
+    Args:
+      logits: float ``[B, K]``; bf16/fp16 are upcast to float32.
+
+    Returns:
+      float32 ``[B]`` in :math:`[0, 1]`.
+
+    References:
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration", 2025,
+      Appendix Table 1 (Softmax Margin).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> print(f"{float(softmax_margin(jnp.array([[0.0, 0.0]]))[0]):.2f}")
+      0.00
+    """
+    return _csf(_check_logits(logits), csf="softmax_margin")
+
+
+@functools.partial(jax.jit, static_argnames=("csf",))
+def _csf(logits, *, csf):
+    return _score(csf, _row_stats(logits, **_csf_flags(csf)))
+
+
+def _check_csf(csf) -> str:
+    if csf not in CSF_NAMES:
+        raise ValueError(
+            f"Unknown confidence score function csf={csf!r}; valid: "
+            f"{', '.join(CSF_NAMES)}."
+        )
+    return csf
+
+
+def _csf_flags(csf: str) -> dict:
+    """The ``_row_stats`` flags a confidence score function needs."""
+    return {
+        "conf": csf == "msp",
+        "entropy": csf == "neg_entropy",
+        "margin": csf == "softmax_margin",
+    }
+
+
+def _score(csf: str, rows: _Rows) -> jax.Array:
+    """The CSF ``csf`` from precomputed per-example statistics, ``[B]``."""
+    if csf == "msp":
+        return rows.conf
+    if csf == "neg_entropy":
+        return -rows.entropy
+    return rows.margin
+
+
+def _score_range(csf: str, num_classes: int) -> tuple[float, float]:
+    """The interval ``[lo, hi]`` a CSF takes values in (the bins' support)."""
+    if csf == "neg_entropy":
+        return -math.log(num_classes), 0.0
+    return 0.0, 1.0
+
+
+# ---------------------------------------------------------------------------
+# AURC (sort-based, exact).
+# ---------------------------------------------------------------------------
+
+
+def aurc(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    csf: str = "msp",
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Empirical AURC of the cross-entropy, as a training loss (batch-level).
+
+    Definition 3.3 of [1] writes the area under the risk–coverage curve as the
+    reweighted risk :math:`-\mathbb{E}[\ln(1 - G(x))\,\ell(f(x), y)]`, with
+    :math:`G` the CDF of the confidence score :math:`g`. On a batch of :math:`n`
+    samples ranked by decreasing score (rank :math:`r_i = 1` is the most
+    confident), the exact finite-sample counterpart of that weight is the
+    harmonic tail
+
+    .. math::
+
+        \alpha_i = \sum_{m=r_i}^{n} \frac{1}{m}, \qquad
+        \mathrm{AURC} = \frac{1}{n}\sum_{i=1}^{n} \alpha_i\,\ell_i
+        = \frac{1}{n}\sum_{m=1}^{n}\ \frac{1}{m}\sum_{i:\,r_i \le m} \ell_i,
+
+    i.e. exactly the mean over the :math:`n` coverages :math:`m/n` of the
+    selective risk (Eq. (5) of [1]) of the :math:`m` most confident samples.
+    :math:`\alpha_i \approx -\ln((r_i - 1)/n) = -\ln(1 - G(x_i))` for large
+    :math:`n`; the plug-in :math:`-\ln(1-\hat G)` itself is infinite for the top
+    sample, so the harmonic form is used. Samples with tied scores get the mean of
+    their group's :math:`\alpha` (the expectation over random tie-breaking), which
+    keeps the loss permutation invariant.
+
+    The per-sample loss :math:`\ell_i` is the cross-entropy
+    :math:`-\log p_{y_i}`: [1] keeps :math:`\ell` generic ("such as
+    cross-entropy", Sec. 3.1) and trains AURC as a baseline loss, which needs a
+    differentiable :math:`\ell` (the 0/1 loss of the AURC *metric* has no
+    gradient; ``calib_jax.metrics`` evaluates that one). The weights
+    depend on the batch only through the ranking, which is piecewise constant:
+    they carry no gradient (``stop_gradient`` on the score), so the gradient is
+    :math:`\frac{1}{n}\sum_i \alpha_i \nabla \ell_i`.
+
+    This is the only loss of the package that sorts over the batch
+    (:math:`O(n\log n)`); :func:`au_pxtau` avoids the sort.
+
+    Args:
+      logits: float ``[B, K]`` unnormalised log-probabilities.
+      labels: int ``[B]`` class ids in ``[0, K)``.
+      csf: static str, the confidence score ranking the samples: ``'msp'``,
+        ``'neg_entropy'`` or ``'softmax_margin'``.
+      where: optional bool ``[B]``; ``False`` rows are ignored (padding).
+
+    Returns:
+      float32 scalar over the unmasked batch; global-batch semantics under
+      data-sharded jit (the sort spans all devices).
+
+    References:
+      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
+      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss", 2025,
+      Def. 3.3 and Eq. (5).
+      [2] Y. Geifman, G. Uziel, R. El-Yaniv, "Bias-Reduced Uncertainty
+      Estimation for Deep Neural Classifiers", ICLR 2019 (the AURC).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> logits = jnp.array([[2.0, 0.0], [0.0, 1.0], [0.5, 0.0]])
+      >>> print(f"{float(aurc(logits, jnp.array([0, 0, 0]))):.4f}")
+      0.4950
+    """
+    csf = _check_csf(csf)
+    logits, labels, mask = prepare(logits, labels, where)
+    return _aurc(logits, labels, mask, csf=csf)
+
+
+@functools.partial(jax.jit, static_argnames=("csf",))
+def _aurc(logits, labels, mask, *, csf):
+    logits = _clean(logits, mask)
+    rows = _row_stats(logits, labels, ce=True, **_csf_flags(csf))
+    dtype = logits.dtype
+    ce = jnp.where(mask, rows.ce, 0.0)
+    # G, the CDF in the weight -ln(1 - G) of Def. 3.3, enters only through the
+    # ranking, which is piecewise constant: no gradient flows through it.
+    score = lax.stop_gradient(_score(csf, rows))
+    key = jnp.where(mask, -score, jnp.inf)  # descending score, excluded rows last
+    key, ce = lax.sort((key, ce), num_keys=1)
+    b = key.shape[0]
+    n = jnp.sum(mask.astype(dtype))
+    rank = jnp.arange(1, b + 1, dtype=dtype)
+    inv = jnp.where(rank <= n, 1.0 / rank, 0.0)
+    # alpha_r = sum_{m=r}^{n} 1/m, summed from the small end for accuracy.
+    alpha = jnp.cumsum(inv[::-1])[::-1]
+    # Tied scores share the mean alpha of their group.
+    new_group = jnp.concatenate([jnp.ones((1,), bool), key[1:] != key[:-1]])
+    group = jnp.cumsum(new_group.astype(jnp.int32)) - 1
+    group_sum = jax.ops.segment_sum(alpha, group, num_segments=b)
+    group_size = jax.ops.segment_sum(jnp.ones_like(alpha), group, num_segments=b)
+    alpha = (group_sum / jnp.maximum(group_size, 1.0))[group]
+    return jnp.sum(alpha * ce) / jnp.maximum(n, 1.0)
+
+
+# ---------------------------------------------------------------------------
+# AU_Pxτ (bin-based smoothed CDF, no sort).
+# ---------------------------------------------------------------------------
+
+_DEFAULT_COVERAGE = 0.9
+
+
+def _bin_edges(csf: str, num_classes: int, num_bins: int, dtype) -> jax.Array:
+    lo, hi = _score_range(csf, num_classes)
+    return lo + (hi - lo) * jnp.arange(num_bins + 1, dtype=dtype) / num_bins
+
+
+def _histogram(score, mask, edges) -> jax.Array:
+    """Eq. (14) counts ``h_k`` of the unmasked scores, ``[M]`` (no gradient).
+
+    Bins are ``[e_k, e_{k+1})`` except the last, which is closed so that the top
+    of the range (e.g. MSP == 1) is counted; scores outside the range (rounding)
+    are counted in the nearest end bin.
+    """
+    num_bins = edges.shape[0] - 1
+    score = lax.stop_gradient(score)
+    # Bin index = number of interior edges at or below the score.
+    idx = jnp.sum(score[:, None] >= edges[None, 1:-1], axis=-1)
+    onehot = idx[:, None] == jnp.arange(num_bins)[None, :]
+    return jnp.sum(jnp.where(mask[:, None] & onehot, 1.0, 0.0), axis=0).astype(
+        edges.dtype
+    )
+
+
+def _coverage_threshold(hist, edges, coverage) -> jax.Array:
+    """τ such that a fraction ``coverage`` of the histogram mass lies below it.
+
+    The quantile of the histogram, linearly interpolated inside its bin (no sort).
+    """
+    num_bins = hist.shape[0]
+    cum = jnp.cumsum(hist)
+    target = coverage * cum[-1]
+    k = jnp.minimum(jnp.sum(cum < target), num_bins - 1)
+    below = cum[k] - hist[k]
+    frac = jnp.clip((target - below) / jnp.maximum(hist[k], 1e-30), 0.0, 1.0)
+    return edges[k] + frac * (edges[k + 1] - edges[k])
+
+
+def _log_survival(score, hist, centres, nu) -> jax.Array:
+    r"""``log(1 - Ĝ_ν(score))`` of Eq. (15), computed in log space, ``[B]``.
+
+    :math:`1 - \hat G_\nu(s) = \frac{1}{n}\sum_k h_k\,\sigma((c_k - s)/\nu)`, so
+    ``log_sigmoid`` and a weighted logsumexp give it without cancellation or
+    underflow.
+    """
+    n = jnp.maximum(jnp.sum(hist), 1.0)
+    a = jax.nn.log_sigmoid((centres[None, :] - score[:, None]) / nu)
+    occupied = hist > 0
+    log_h = jnp.log(jnp.where(occupied, hist, 1.0))
+    a = jnp.where(occupied[None, :], a + log_h[None, :], -jnp.inf)
+    return jax.nn.logsumexp(a, axis=-1) - jnp.log(n)
+
+
+def _au_weights(logits, mask, *, num_bins, nu, tau, coverage, csf, hist, rows=None):
+    """Shared core of au_pxtau / au_pxtau_weights; returns ``beta [B]``."""
+    dtype = logits.dtype
+    num_classes = logits.shape[-1]
+    if rows is None:
+        rows = _row_stats(logits, **_csf_flags(csf))
+    score = _score(csf, rows)
+    edges = _bin_edges(csf, num_classes, num_bins, dtype)
+    centres = 0.5 * (edges[:-1] + edges[1:])
+    if hist is None:
+        counts = _histogram(score, mask, edges)
+    else:
+        counts = lax.stop_gradient(jnp.asarray(hist, dtype))
+    if tau is None:
+        thr = lax.stop_gradient(
+            _coverage_threshold(counts, edges, jnp.asarray(coverage, dtype))
+        )
+    else:
+        thr = jnp.asarray(tau, dtype)
+    log_surv = _log_survival(score, counts, centres, nu)
+    log_surv_tau = _log_survival(thr[None], counts, centres, nu)[0]
+    # Eq. (16): rank-based weights below τ, one common weight at and above τ.
+    beta = -jnp.where(score < thr, log_surv, log_surv_tau)
+    return jnp.where(mask, beta, 0.0)
+
+
+def _check_au_args(num_bins, nu, tau, coverage, csf, hist):
+    num_bins = check_num_bins(num_bins)
+    check_positive("nu", nu)
+    csf = _check_csf(csf)
+    if tau is not None and coverage is not None:
+        raise ValueError("Give at most one of tau and coverage, not both.")
+    if tau is None and coverage is None:
+        coverage = _DEFAULT_COVERAGE
+    if coverage is not None:
+        check_unit_interval("coverage", coverage)
+    if hist is not None and jnp.shape(hist) != (num_bins,):
+        raise ValueError(
+            f"hist must have shape [num_bins] = ({num_bins},), got {jnp.shape(hist)}."
+        )
+    return num_bins, coverage, csf
+
+
+def au_pxtau(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    num_bins: int = 15,
+    nu: jax.typing.ArrayLike = 0.1,
+    tau: jax.typing.ArrayLike | None = None,
+    coverage: jax.typing.ArrayLike | None = None,
+    csf: str = "msp",
+    hist: jax.typing.ArrayLike | None = None,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Selective AURC over the low-confidence region, AU_Pxτ (batch-level).
+
+    The reweighted cross-entropy of Eq. (17) of [1] with the weights of
+    Eq. (16), computed from a histogram of confidence scores (Eq. (14)) smoothed
+    by sigmoids (Eq. (15)): :math:`O(B \cdot M)` work, no sort.
+
+    .. math::
+
+        \hat G_\nu(s) = \frac{1}{n}\sum_{k=0}^{M-1} h_k\,
+            \sigma\!\Big(\frac{s - c_k}{\nu}\Big), \qquad
+        \hat\beta_i = \begin{cases}
+            -\ln(1 - \hat G_\nu(\tau)) & g_i \ge \tau,\\
+            -\ln(1 - \hat G_\nu(g_i)) & g_i < \tau,
+        \end{cases} \qquad
+        \widehat{\mathrm{AU}} = \frac{1}{B}\sum_{i=1}^{B} \hat\beta_i\,\ell_i,
+
+    with :math:`g_i` the confidence score (``csf``), :math:`\ell_i =
+    -\log p_{y_i}` the cross-entropy (the paper's :math:`\ell` is generic,
+    "such as cross-entropy", Sec. 3.1), :math:`h_k` the bin counts and
+    :math:`c_k` the bin centres (Eq. (13)). All samples at or above :math:`\tau`
+    get the same weight.
+
+    Conventions (the paper leaves them open):
+
+    * Bins: ``num_bins`` equal-width bins on the CSF's range — :math:`[0, 1]`
+      for ``'msp'`` and ``'softmax_margin'``, :math:`[-\log K, 0]` for
+      ``'neg_entropy'``; half-open ``[e_k, e_{k+1})`` as in Eq. (14) except the
+      last bin, which also holds the top of the range.
+    * Threshold: ``tau`` on the CSF's scale, or ``coverage`` in (0, 1], the
+      fraction of samples treated as low-confidence (App. E.2 of [1]); then
+      :math:`\tau` is the ``coverage``-quantile of the histogram, interpolated
+      linearly inside its bin. Give at most one; with neither,
+      ``coverage=0.9``. :math:`\tau` carries no gradient.
+    * Gradients: the counts :math:`h_k` are constants; the weight of a sample
+      below :math:`\tau` is differentiated through its own score inside the
+      sigmoids, the weight above :math:`\tau` is constant — the gradient of
+      App. C.4, Eq. (27) of [1].
+    * ``1 - Ĝ`` is evaluated in log space, so weights stay finite even where the
+      sigmoids saturate (no epsilon).
+
+    Running histogram: with ``hist=None`` the CDF is this batch's histogram.
+    Algorithm 1 of [1] instead updates :math:`\hat G_\nu` with each batch's
+    scores before weighting; to do that, keep a float ``[num_bins]`` state,
+    update it with :func:`au_pxtau_update_hist` *first* and pass the result as
+    ``hist`` (the normaliser :math:`n` of Eq. (15) is then ``sum(hist)``; the
+    mean of Eq. (17) stays over this batch). Both functions are pure.
+
+    Defaults: ``nu=0.1`` (App. E.2: CIFAR-10, and WRN on CIFAR-100),
+    ``coverage=0.9`` (the most frequent CIFAR entry of App. Table 3),
+    ``num_bins=15`` (the paper does not state its bin count).
+
+    Args:
+      logits: float ``[B, K]`` unnormalised log-probabilities.
+      labels: int ``[B]`` class ids in ``[0, K)``.
+      num_bins: static int, number of histogram bins :math:`M` (Eq. (13)).
+      nu: sigmoid smoothing :math:`\nu > 0` of Eq. (15).
+      tau: optional low-confidence threshold on the CSF's scale (Eq. (16)).
+      coverage: optional fraction in (0, 1] defining ``tau`` (App. E.2).
+      csf: static str, ``'msp'``, ``'neg_entropy'`` or ``'softmax_margin'``.
+      hist: optional float ``[num_bins]`` running counts (see above).
+      where: optional bool ``[B]``; ``False`` rows are ignored (padding).
+
+    Returns:
+      float32 scalar over the unmasked batch; global-batch semantics under
+      data-sharded jit (the histogram spans all devices).
+
+    Raises:
+      ValueError: ``nu <= 0``, ``num_bins < 1``, ``coverage`` outside (0, 1],
+        both ``tau`` and ``coverage`` given, an unknown ``csf`` or a ``hist`` of
+        the wrong shape.
+
+    References:
+      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
+      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss", 2025,
+      Eqs. (13)–(17), Algorithm 1, App. C.4 and E.2.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> logits = jnp.array([[2.0, 0.0], [0.0, 1.0], [0.5, 0.0], [3.0, 0.0]])
+      >>> print(f"{float(au_pxtau(logits, jnp.array([0, 0, 0, 0]))):.4f}")
+      0.2382
+    """
+    num_bins, coverage, csf = _check_au_args(num_bins, nu, tau, coverage, csf, hist)
+    logits, labels, mask = prepare(logits, labels, where)
+    return _au_pxtau(
+        logits, labels, mask, nu, tau, coverage, hist, num_bins=num_bins, csf=csf
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("num_bins", "csf"))
+def _au_pxtau(logits, labels, mask, nu, tau, coverage, hist, *, num_bins, csf):
+    logits = _clean(logits, mask)
+    rows = _row_stats(logits, labels, ce=True, **_csf_flags(csf))
+    beta = _au_weights(
+        logits,
+        mask,
+        num_bins=num_bins,
+        nu=nu,
+        tau=tau,
+        coverage=coverage,
+        csf=csf,
+        hist=hist,
+        rows=rows,
+    )
+    return masked_mean(beta * rows.ce, mask)
+
+
+def au_pxtau_weights(
+    logits: jax.typing.ArrayLike,
+    *,
+    num_bins: int = 15,
+    nu: jax.typing.ArrayLike = 0.1,
+    tau: jax.typing.ArrayLike | None = None,
+    coverage: jax.typing.ArrayLike | None = None,
+    csf: str = "msp",
+    hist: jax.typing.ArrayLike | None = None,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""The per-sample weights :math:`\hat\beta_i` of :func:`au_pxtau` (Eq. (16)).
+
+    ``au_pxtau(logits, labels, **kw)`` equals the masked mean of
+    ``au_pxtau_weights(logits, **kw) * cross_entropy``. Useful to inspect the
+    weighting (all samples with score at or above :math:`\tau` share one weight).
+
+    Args:
+      logits: float ``[B, K]`` unnormalised log-probabilities.
+      num_bins, nu, tau, coverage, csf, hist: as in :func:`au_pxtau`.
+      where: optional bool ``[B]``; ``False`` rows get weight 0.
+
+    Returns:
+      float32 ``[B]``, differentiable as described in :func:`au_pxtau`.
+
+    References:
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration", 2025,
+      Eq. (16).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> logits = jnp.array([[2.0, 0.0], [0.0, 1.0], [0.5, 0.0], [3.0, 0.0]])
+      >>> w = au_pxtau_weights(logits, tau=0.8)
+      >>> print(bool(w[0] == w[3]), bool(w[2] < w[0]))
+      True True
+    """
+    num_bins, coverage, csf = _check_au_args(num_bins, nu, tau, coverage, csf, hist)
+    logits = _check_logits(logits)
+    mask = valid_mask(where, logits.shape[0])
+    return _au_pxtau_weights(
+        logits, mask, nu, tau, coverage, hist, num_bins=num_bins, csf=csf
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("num_bins", "csf"))
+def _au_pxtau_weights(logits, mask, nu, tau, coverage, hist, *, num_bins, csf):
+    logits = _clean(logits, mask)
+    return _au_weights(
+        logits,
+        mask,
+        num_bins=num_bins,
+        nu=nu,
+        tau=tau,
+        coverage=coverage,
+        csf=csf,
+        hist=hist,
+    )
+
+
+def au_pxtau_update_hist(
+    hist: jax.typing.ArrayLike,
+    logits: jax.typing.ArrayLike,
+    *,
+    csf: str = "msp",
+    decay: jax.typing.ArrayLike = 1.0,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Adds a batch's confidence-score counts to a running AU_Pxτ histogram.
+
+    .. math::
+
+        h^{\text{new}}_k = \text{decay}\cdot h_k + \sum_{i} 1[e_k \le g_i < e_{k+1}]
+
+    (Eq. (14) of [1] for the batch, with the bins of :func:`au_pxtau`). Start
+    from ``jnp.zeros(num_bins)``; ``decay=1`` accumulates plain counts (reset the
+    state when the CDF should forget, e.g. every epoch), ``decay < 1`` keeps an
+    exponential moving histogram. Call it *before* :func:`au_pxtau` on the same
+    batch and pass its result as ``hist``, as Algorithm 1 (line 4) of [1] updates
+    the CDF before computing the weights. The counts carry no gradient.
+
+    Args:
+      hist: float ``[M]`` running counts; ``M`` sets the number of bins.
+      logits: float ``[B, K]`` unnormalised log-probabilities.
+      csf: static str, ``'msp'``, ``'neg_entropy'`` or ``'softmax_margin'``.
+      decay: factor in [0, 1] applied to ``hist`` before adding the batch.
+      where: optional bool ``[B]``; ``False`` rows are not counted.
+
+    Returns:
+      float32 ``[M]``, the updated counts (global over a data-sharded batch).
+
+    References:
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration", 2025,
+      Eq. (14) and Algorithm 1.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> h = au_pxtau_update_hist(jnp.zeros(4), jnp.array([[0.0, 0.0], [5.0, 0.0]]))
+      >>> print(h.tolist())
+      [0.0, 0.0, 1.0, 1.0]
+    """
+    csf = _check_csf(csf)
+    check_unit_interval("decay", decay, closed_left=True)
+    hist = jnp.asarray(hist)
+    if hist.ndim != 1 or hist.shape[0] < 1:
+        raise ValueError(f"hist must have shape [num_bins], got {hist.shape}.")
+    logits = _check_logits(logits)
+    mask = valid_mask(where, logits.shape[0])
+    return _update_hist(hist, logits, mask, decay, csf=csf)
+
+
+@functools.partial(jax.jit, static_argnames=("csf",))
+def _update_hist(hist, logits, mask, decay, *, csf):
+    logits = _clean(logits, mask)
+    rows = _row_stats(logits, **_csf_flags(csf))
+    edges = _bin_edges(csf, logits.shape[-1], hist.shape[0], logits.dtype)
+    counts = _histogram(_score(csf, rows), mask, edges)
+    return jnp.asarray(decay, counts.dtype) * hist.astype(counts.dtype) + counts

@@ -1,0 +1,26 @@
+"""Datasets, host pipeline, on-device augmentation and corruptions.
+
+``get_dataset(name, data_dir=...)`` returns a :class:`Dataset` whose
+``source(split)`` is a random-access source; :mod:`calib_jax.data.pipeline`
+turns sources into training and eval batches; :mod:`calib_jax.data.augment`
+and :mod:`calib_jax.data.corruptions` run on device.
+"""
+
+from calib_jax.data import augment, corruptions, pipeline
+from calib_jax.data._datasets import DATASETS, Dataset, get_dataset
+from calib_jax.data._digits import load_digits
+from calib_jax.data._sources import ArraySource, NpySource, Source, TfdsSource
+
+__all__ = [
+    "DATASETS",
+    "ArraySource",
+    "Dataset",
+    "NpySource",
+    "Source",
+    "TfdsSource",
+    "augment",
+    "corruptions",
+    "get_dataset",
+    "load_digits",
+    "pipeline",
+]

@@ -1,0 +1,328 @@
+"""The ``DATASETS`` registry: digits, CIFAR-10/100 and the published CIFAR-C sets.
+
+CIFAR comes from a TFDS data dir through ``tfds.data_source`` (array_record
+files, no TensorFlow at run time); CIFAR-100-C from the published directory of
+``.npy`` files. See ``docs/data.md`` for the one-time preparation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from calib_jax.data import _digits, corruptions
+from calib_jax.data._sources import ArraySource, NpySource, Source, TfdsSource
+
+# Corruptions of the published CIFAR-10-C / CIFAR-100-C sets (TFDS names; the
+# .npy release calls frosted_glass_blur "glass_blur" and elastic
+# "elastic_transform").
+PUBLISHED_CORRUPTIONS = (
+    "brightness",
+    "contrast",
+    "defocus_blur",
+    "elastic",
+    "elastic_transform",
+    "fog",
+    "frost",
+    "frosted_glass_blur",
+    "gaussian_blur",
+    "gaussian_noise",
+    "glass_blur",
+    "impulse_noise",
+    "jpeg_compression",
+    "motion_blur",
+    "pixelate",
+    "saturate",
+    "shot_noise",
+    "snow",
+    "spatter",
+    "speckle_noise",
+    "zoom_blur",
+)
+_JAX_SHIFTS = tuple((c, s) for c in corruptions.CORRUPTIONS for s in (1, 2, 3, 4, 5))
+
+# Per-channel mean and std of the training images in [0, 1].
+_CIFAR10_STATS = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+_CIFAR100_STATS = ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))
+_DIGITS_STATS = ((0.3048,), (0.3758,))  # of the 1077-image train split
+_CIFAR_TRAIN_SIZE = 50_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """A named image-classification dataset.
+
+    Attributes:
+      name: registry name.
+      num_classes: K.
+      image_shape: ``(H, W, C)``.
+      splits: names accepted by :meth:`source`.
+      mean: per-channel mean of the training images in ``[0, 1]`` (for
+        :func:`calib_jax.data.augment.normalize`).
+      std: per-channel standard deviation, likewise.
+      open_split: ``split -> Source``; use :meth:`source`, which validates.
+      available_shifts: what :meth:`shifts` returns.
+    """
+
+    name: str
+    num_classes: int
+    image_shape: tuple[int, int, int]
+    splits: tuple[str, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    open_split: Callable[[str], Source] = dataclasses.field(repr=False, compare=False)
+    available_shifts: tuple[tuple[str, int], ...] = dataclasses.field(
+        default=(), repr=False
+    )
+
+    def source(self, split: str) -> Source:
+        """The random-access source of ``split``.
+
+        Returns:
+          ``len(src)`` and ``src[i] -> {'image': uint8 or float32 [H, W, C],
+          'label': int}``.
+
+        Raises:
+          ValueError: unknown split.
+        """
+        if split not in self.splits:
+            raise ValueError(
+                f"Unknown split '{split}' of {self.name}. Valid splits: "
+                f"{', '.join(self.splits)}."
+            )
+        return self.open_split(split)
+
+    def shifts(self) -> list[tuple[str, int]]:
+        """The ``(corruption, severity)`` shifts available for this dataset.
+
+        For clean datasets (``digits``, ``cifar10``, ``cifar100``): every JAX
+        corruption of :mod:`calib_jax.data.corruptions` at severities 1-5,
+        applied on device to the test split. For the published sets
+        (``cifar10_corrupted``, ``cifar100_corrupted``): the corruption files
+        present in the data dir, each read with ``source(f'{c}_{s}')``.
+        """
+        return list(self.available_shifts)
+
+
+# ---- digits -----------------------------------------------------------------------
+
+
+def _digits_dataset(*, data_dir: str | None = None) -> Dataset:
+    del data_dir  # Embedded in scikit-learn; nothing to locate.
+
+    def open_split(split: str) -> Source:
+        arrays = _digits.load_digits(split)
+        return ArraySource(arrays["image"], arrays["label"])
+
+    return Dataset(
+        name="digits",
+        num_classes=_digits.NUM_CLASSES,
+        image_shape=(8, 8, 1),
+        splits=_digits.SPLITS,
+        mean=_DIGITS_STATS[0],
+        std=_DIGITS_STATS[1],
+        open_split=open_split,
+        available_shifts=_JAX_SHIFTS,
+    )
+
+
+# ---- TFDS CIFAR ---------------------------------------------------------------------
+
+
+def _tfds_dir(data_dir: str | None) -> str:
+    if data_dir:
+        return os.fspath(data_dir)
+    return os.environ.get("TFDS_DATA_DIR") or os.path.expanduser(
+        "~/tensorflow_datasets"
+    )
+
+
+def _build_hint(name: str, data_dir: str | None) -> str:
+    where = _tfds_dir(data_dir)
+    return (
+        f"Build it once, on any machine with TensorFlow installed (only this step "
+        f"needs it):\n"
+        f"  pip install tensorflow tensorflow-datasets\n"
+        f"  tfds build {name} --file_format=array_record --data_dir {where}\n"
+        f"then pass data_dir='{where}' (trainer: --config.dataset.data_dir={where}). "
+        "See docs/data.md."
+    )
+
+
+def _open_tfds(name: str, split: str, data_dir: str | None) -> Source:
+    import tensorflow_datasets as tfds  # ~0.5 s; only CIFAR needs it
+
+    try:
+        source = tfds.data_source(
+            name, split=split, data_dir=_tfds_dir(data_dir), download=False
+        )
+    except (NotImplementedError, FileNotFoundError, AssertionError, OSError) as err:
+        raise ValueError(
+            f"No array_record build of TFDS '{name}' (split '{split}') found under "
+            f"{_tfds_dir(data_dir)} (tfds raised {type(err).__name__}).\n"
+            + _build_hint(name.split("/")[0], data_dir)
+        ) from err
+    return TfdsSource(source)
+
+
+def _cifar_dataset(
+    name: str, num_classes: int, stats, data_dir: str | None, val_size: int
+) -> Dataset:
+    if not 0 <= val_size < _CIFAR_TRAIN_SIZE:
+        raise ValueError(
+            f"val_size must be in [0, {_CIFAR_TRAIN_SIZE}), got {val_size}."
+        )
+    n_train = _CIFAR_TRAIN_SIZE - val_size
+    tfds_splits = {"train": f"train[:{n_train}]" if val_size else "train"}
+    if val_size:
+        tfds_splits["val"] = f"train[{n_train}:]"
+    tfds_splits.update(test="test", train_full="train")
+    _open_tfds(name, "test", data_dir)  # fail now, with instructions, if absent
+
+    return Dataset(
+        name=name,
+        num_classes=num_classes,
+        image_shape=(32, 32, 3),
+        splits=tuple(tfds_splits),
+        mean=stats[0],
+        std=stats[1],
+        open_split=lambda split: _open_tfds(name, tfds_splits[split], data_dir),
+        available_shifts=_JAX_SHIFTS,
+    )
+
+
+def _cifar10_dataset(*, data_dir: str | None = None, val_size: int = 5000) -> Dataset:
+    return _cifar_dataset("cifar10", 10, _CIFAR10_STATS, data_dir, val_size)
+
+
+def _cifar100_dataset(*, data_dir: str | None = None, val_size: int = 5000) -> Dataset:
+    return _cifar_dataset("cifar100", 100, _CIFAR100_STATS, data_dir, val_size)
+
+
+def _parse_shift(config: str) -> tuple[str, int] | None:
+    corruption, _, severity = config.rpartition("_")
+    if corruption in PUBLISHED_CORRUPTIONS and severity in ("1", "2", "3", "4", "5"):
+        return corruption, int(severity)
+    return None
+
+
+def _cifar10_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
+    from etils import epath  # a tfds dependency; handles local and gs:// dirs
+
+    root = epath.Path(_tfds_dir(data_dir)) / "cifar10_corrupted"
+    configs = []
+    if root.is_dir():
+        for child in root.iterdir():
+            if _parse_shift(child.name) and child.is_dir() and any(child.iterdir()):
+                configs.append(child.name)
+    if not configs:
+        raise ValueError(
+            f"No CIFAR-10-C configs under {root}. "
+            + _build_hint("cifar10_corrupted", data_dir)
+            + " (Builds all 19 corruptions x 5 severities, downloading ~2.9 GB; "
+            "'tfds build cifar10_corrupted/gaussian_noise_3 ...' builds one.)"
+        )
+    shifts = sorted(_parse_shift(c) for c in configs)
+    return Dataset(
+        name="cifar10_corrupted",
+        num_classes=10,
+        image_shape=(32, 32, 3),
+        splits=tuple(f"{c}_{s}" for c, s in shifts),
+        mean=_CIFAR10_STATS[0],
+        std=_CIFAR10_STATS[1],
+        open_split=lambda split: _open_tfds(
+            f"cifar10_corrupted/{split}", "test", data_dir
+        ),
+        available_shifts=tuple(shifts),
+    )
+
+
+# ---- CIFAR-100-C (.npy directory) ----------------------------------------------------
+
+
+def _cifar100_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
+    layout = (
+        "Expected the published CIFAR-100-C directory (Hendrycks & Dietterich 2019; "
+        "CIFAR-100-C.tar from https://zenodo.org/records/3555552, extracted): one "
+        "<corruption>.npy of shape [50000, 32, 32, 3] uint8 per corruption, the five "
+        "severities stacked in order (10000 images each), plus labels.npy. Pass "
+        "data_dir=<that directory>."
+    )
+    if not data_dir:
+        raise ValueError("cifar100_corrupted needs data_dir. " + layout)
+    root = Path(data_dir)
+    labels_path = root / "labels.npy"
+    files = sorted(p for p in root.glob("*.npy") if p.name != "labels.npy")
+    if not root.is_dir() or not labels_path.exists() or not files:
+        raise ValueError(f"No CIFAR-100-C files in {root}. " + layout)
+    labels = np.load(labels_path, mmap_mode="r")
+    shapes = {}
+    for path in files:
+        images = np.load(path, mmap_mode="r")
+        if (
+            images.ndim != 4
+            or images.shape[0] % 5
+            or len(labels) not in (images.shape[0], images.shape[0] // 5)
+        ):
+            raise ValueError(
+                f"{path} has shape {images.shape} with {len(labels)} labels. " + layout
+            )
+        shapes[path.stem] = tuple(images.shape[1:])
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"Image shapes differ between files in {root}: {shapes}.")
+    shifts = tuple((p.stem, s) for p in files for s in (1, 2, 3, 4, 5))
+
+    def open_split(split: str) -> Source:
+        corruption, _, severity = split.rpartition("_")
+        return NpySource(root / f"{corruption}.npy", labels_path, int(severity))
+
+    return Dataset(
+        name="cifar100_corrupted",
+        num_classes=100,
+        image_shape=next(iter(shapes.values())),
+        splits=tuple(f"{c}_{s}" for c, s in shifts),
+        mean=_CIFAR100_STATS[0],
+        std=_CIFAR100_STATS[1],
+        open_split=open_split,
+        available_shifts=shifts,
+    )
+
+
+DATASETS: dict[str, Callable[..., Dataset]] = {
+    "digits": _digits_dataset,
+    "cifar10": _cifar10_dataset,
+    "cifar100": _cifar100_dataset,
+    "cifar10_corrupted": _cifar10_corrupted_dataset,
+    "cifar100_corrupted": _cifar100_corrupted_dataset,
+}
+
+
+def get_dataset(name: str, *, data_dir: str | None = None, **kwargs) -> Dataset:
+    """Returns the registered dataset ``name``, checking that its files exist.
+
+    Args:
+      name: a key of :data:`DATASETS`.
+      data_dir: the TFDS data dir (``cifar10``, ``cifar100``,
+        ``cifar10_corrupted``; default ``$TFDS_DATA_DIR`` or
+        ``~/tensorflow_datasets``) or the CIFAR-100-C ``.npy`` directory
+        (``cifar100_corrupted``, required). Ignored by ``digits``.
+      **kwargs: dataset options; CIFAR-10/100 take ``val_size`` (default 5000:
+        ``train`` is the first 45000 training images, ``val`` the last 5000,
+        ``train_full`` all 50000; 0 drops ``val``).
+
+    Returns:
+      A :class:`Dataset`.
+
+    Raises:
+      ValueError: unknown name, or missing/empty data (the message says how
+        to prepare it).
+    """
+    if name not in DATASETS:
+        raise ValueError(
+            f"Unknown dataset '{name}'. Valid datasets: {', '.join(DATASETS)}."
+        )
+    return DATASETS[name](data_dir=data_dir, **kwargs)

@@ -1,0 +1,158 @@
+"""Datasets: digits, TFDS CIFAR under mock_data, CIFAR-10-C dirs, CIFAR-100-C .npy.
+
+``tfds.testing.mock_data`` works without TensorFlow for ``tfds.data_source``:
+with no metadata files it falls back to ``MockPolicy.USE_CODE``, builds the
+features from the dataset's builder code and serves random examples through
+``__getitem__`` (integer indexing only). The data dir passed by the code is
+ignored inside the context.
+"""
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from calib_jax import data
+from calib_jax.data import pipeline
+
+
+def _mock(num_examples=10):
+    return tfds.testing.mock_data(
+        num_examples=num_examples, policy=tfds.testing.MockPolicy.USE_CODE
+    )
+
+
+def test_registry_and_errors(tmp_path):
+    assert set(data.DATASETS) == {
+        "digits",
+        "cifar10",
+        "cifar100",
+        "cifar10_corrupted",
+        "cifar100_corrupted",
+    }
+    with pytest.raises(ValueError, match="Valid datasets: digits, cifar10"):
+        data.get_dataset("mnist")
+    with pytest.raises(ValueError, match="Valid splits: train, val, test"):
+        data.get_dataset("digits").source("validation")
+    # No TFDS build in the data dir: the message says how to make one.
+    for name in ("cifar10", "cifar100", "cifar10_corrupted"):
+        with pytest.raises(
+            ValueError, match=f"tfds build {name} --file_format=array_record"
+        ):
+            data.get_dataset(name, data_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="needs data_dir"):
+        data.get_dataset("cifar100_corrupted")
+    with pytest.raises(ValueError, match="labels.npy"):
+        data.get_dataset("cifar100_corrupted", data_dir=str(tmp_path))
+
+
+def test_digits():
+    ds = data.get_dataset("digits")
+    assert (ds.num_classes, ds.image_shape) == (10, (8, 8, 1))
+    sizes = {s: len(ds.source(s)) for s in ds.splits}
+    assert sizes == {"train": 1077, "val": 360, "test": 360}
+    example = ds.source("test")[0]
+    reference = data.load_digits("test")
+    np.testing.assert_array_equal(example["image"], reference["image"][0])
+    assert example["label"] == reference["label"][0]
+    train = data.load_digits("train")["image"]
+    np.testing.assert_allclose(ds.mean, [train.mean()], atol=1e-4)
+    np.testing.assert_allclose(ds.std, [train.std()], atol=1e-4)
+    shifts = ds.shifts()
+    assert len(shifts) == 5 * len(data.corruptions.CORRUPTIONS)
+    assert ("gaussian_noise", 1) in shifts and ("jpeg_like", 5) in shifts
+
+
+@pytest.mark.parametrize("name, num_classes", [("cifar10", 10), ("cifar100", 100)])
+def test_tfds_cifar_under_mock_data(name, num_classes, tmp_path):
+    with _mock():
+        ds = data.get_dataset(name, data_dir=str(tmp_path))
+        assert ds.splits == ("train", "val", "test", "train_full")
+        assert (ds.num_classes, ds.image_shape, len(ds.mean)) == (
+            num_classes,
+            (32, 32, 3),
+            3,
+        )
+        example = ds.source("train")[3]
+        assert example["image"].dtype == np.uint8 and example["image"].shape == (
+            32,
+            32,
+            3,
+        )
+        assert isinstance(example["label"], int)
+        batch = pipeline.train_batch(ds.source("train"), step=2, batch_size=4, seed=0)
+        assert batch["image"].shape == (4, 32, 32, 3)
+        assert batch["image"].dtype == np.float32 and batch["image"].max() <= 1.0
+        assert np.all((batch["label"] >= 0) & (batch["label"] < num_classes))
+        again = pipeline.train_batch(ds.source("train"), step=2, batch_size=4, seed=0)
+        np.testing.assert_array_equal(batch["image"], again["image"])
+        batches = list(pipeline.eval_batches(ds.source("test"), batch_size=4))
+        assert [int(b["mask"].sum()) for b in batches] == [4, 4, 2]
+
+
+def test_cifar_val_size_option(tmp_path):
+    with _mock():
+        ds = data.get_dataset("cifar10", data_dir=str(tmp_path), val_size=0)
+        assert ds.splits == ("train", "test", "train_full")
+        with pytest.raises(ValueError, match="val_size"):
+            data.get_dataset("cifar10", data_dir=str(tmp_path), val_size=50_000)
+
+
+def test_cifar10_corrupted_under_mock_data(tmp_path):
+    # The configs present in the data dir decide the splits and shifts; the
+    # records themselves come from mock_data.
+    for config in ("gaussian_noise_3", "gaussian_noise_5", "fog_1"):
+        (tmp_path / "cifar10_corrupted" / config / "1.0.0").mkdir(parents=True)
+    (tmp_path / "cifar10_corrupted" / "not_a_config").mkdir()
+    ds = data.get_dataset("cifar10_corrupted", data_dir=str(tmp_path))
+    assert ds.shifts() == [("fog", 1), ("gaussian_noise", 3), ("gaussian_noise", 5)]
+    assert ds.splits == ("fog_1", "gaussian_noise_3", "gaussian_noise_5")
+    with _mock(num_examples=6):
+        source = ds.source("gaussian_noise_3")
+        assert len(source) == 6
+        batches = list(pipeline.eval_batches(source, batch_size=4))
+        assert batches[0]["image"].shape == (4, 32, 32, 3)
+        assert [int(b["mask"].sum()) for b in batches] == [4, 2]
+
+
+def _write_cifar100_c(root, corruptions=("contrast", "gaussian_noise"), n=4):
+    """A tiny published-layout directory: pixel value = 10 * severity + row."""
+    root.mkdir()
+    rows = np.arange(5 * n)
+    severity = rows // n + 1
+    for k, name in enumerate(corruptions):
+        value = (10 * severity + rows % n + 100 * k).astype(np.uint8)
+        images = np.broadcast_to(value[:, None, None, None], (5 * n, 32, 32, 3))
+        np.save(root / f"{name}.npy", np.ascontiguousarray(images))
+    np.save(root / "labels.npy", (rows * 7 % 100).astype(np.uint8))
+
+
+def test_cifar100_corrupted_npy_directory(tmp_path):
+    root = tmp_path / "CIFAR-100-C"
+    _write_cifar100_c(root)
+    ds = data.get_dataset("cifar100_corrupted", data_dir=str(root))
+    assert ds.num_classes == 100 and ds.image_shape == (32, 32, 3)
+    assert ds.shifts() == [("contrast", s) for s in range(1, 6)] + [
+        ("gaussian_noise", s) for s in range(1, 6)
+    ]
+    for corruption, offset in (("contrast", 0), ("gaussian_noise", 100)):
+        for severity in (1, 3, 5):
+            source = ds.source(f"{corruption}_{severity}")
+            assert len(source) == 4
+            for i in range(4):
+                example = source[i]
+                assert example["image"].dtype == np.uint8
+                assert example["image"][0, 0, 0] == 10 * severity + i + offset
+                assert example["label"] == ((severity - 1) * 4 + i) * 7 % 100
+    batches = list(pipeline.eval_batches(ds.source("contrast_2"), batch_size=3))
+    assert [int(b["mask"].sum()) for b in batches] == [3, 1]
+    np.testing.assert_allclose(
+        batches[0]["image"][:, 0, 0, 0] * 255, [20, 21, 22], atol=1e-3
+    )
+
+
+def test_cifar100_corrupted_rejects_bad_files(tmp_path):
+    root = tmp_path / "bad"
+    _write_cifar100_c(root, corruptions=("contrast",))
+    np.save(root / "contrast.npy", np.zeros((7, 32, 32, 3), np.uint8))
+    with pytest.raises(ValueError, match="shape"):
+        data.get_dataset("cifar100_corrupted", data_dir=str(root))

@@ -247,24 +247,44 @@ def _preprocess(dataset, images):
     return augment_lib.normalize(images, dataset.mean, dataset.std)
 
 
-def _shifts(config: ConfigDict, dataset) -> list[tuple[str, int]]:
-    spec = config.shifts.corruptions.strip()
+def _shifts(config: ConfigDict, dataset):
+    """``(source_or_None, corruption, severity)`` for every shifted test set.
+
+    ``None`` as the source means "corrupt the test split with the JAX
+    corruption on device"; otherwise the published shifted split is read.
+    """
+    s = config.shifts
+    spec = s.corruptions.strip()
     if spec in ("none", ""):
         return []
-    if spec == "all":
-        names = tuple(corruptions.CORRUPTIONS)
-    else:
-        names = tuple(n.strip() for n in spec.split(",") if n.strip())
-    unknown = [n for n in names if n not in corruptions.CORRUPTIONS]
-    if unknown:
-        raise ValueError(
-            f"Unknown corruption(s) {', '.join(unknown)}. Valid: "
-            f"{', '.join(corruptions.CORRUPTIONS)}."
-        )
-    bad = [s for s in config.shifts.severities if s not in (1, 2, 3, 4, 5)]
+    bad = [v for v in s.severities if v not in (1, 2, 3, 4, 5)]
     if bad:
         raise ValueError(f"Corruption severities must be in 1..5, got {bad}.")
-    return [(n, int(s)) for n in names for s in config.shifts.severities]
+    if s.dataset:
+        shifted = data_lib.get_dataset(
+            s.dataset, data_dir=s.data_dir or config.dataset.data_dir or None
+        )
+        available = shifted.shifts()
+        known = sorted({c for c, _ in available})
+    else:
+        shifted, known = None, list(corruptions.CORRUPTIONS)
+    names = (
+        known if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    )
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        where = f"in {s.dataset}" if s.dataset else "among the JAX corruptions"
+        raise ValueError(
+            f"Unknown corruption(s) {', '.join(unknown)} {where}. Valid: {', '.join(known)}."
+        )
+    out = []
+    for name in names:
+        for severity in s.severities:
+            if shifted is None:
+                out.append((None, name, int(severity)))
+            elif (name, severity) in available:
+                out.append((shifted.source(f"{name}_{severity}"), name, int(severity)))
+    return out
 
 
 def _evaluate(config, workdir, dataset, shifts, eval_step, state, put, export):
@@ -289,16 +309,20 @@ def _evaluate(config, workdir, dataset, shifts, eval_step, state, put, export):
     if shifts and config.dataset.test_split:
         test = dataset.source(config.dataset.test_split)
         per_metric: dict[str, list[float]] = {}
-        for c_index, (name, severity) in enumerate(shifts):
-            # The corrupted test set depends only on (corruption, severity,
-            # batch), never on the training seed: every run sees the same shift.
-            fn = jax.jit(
-                lambda x, i, n=name, s=severity, c=c_index: corruptions.corrupt(
-                    x, n, s, jax.random.fold_in(jax.random.key(_SHIFT_SEED + c), i)
+        for c_index, (shifted, name, severity) in enumerate(shifts):
+            if shifted is not None:  # a published shifted split
+                batches, fn = pipeline.eval_batches(shifted, **kw), None
+            else:
+                # The corrupted test set depends only on (corruption, severity,
+                # batch), never on the training seed: every run sees the same shift.
+                batches = pipeline.eval_batches(test, **kw)
+                fn = jax.jit(
+                    lambda x, i, n=name, s=severity, c=c_index: corruptions.corrupt(
+                        x, n, s, jax.random.fold_in(jax.random.key(_SHIFT_SEED + c), i)
+                    )
                 )
-            )
             logits, labels = eval_lib.collect_logits(
-                eval_step, state, pipeline.eval_batches(test, **kw), put, transform=fn
+                eval_step, state, batches, put, transform=fn
             )
             exported[f"shift/{name}/{severity}"] = (logits, labels)
             for metric, value in eval_lib.split_metrics(logits, labels).items():

@@ -1,0 +1,77 @@
+"""Preemption: SIGTERM saves and exits 0; an unreadable checkpoint is skipped."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import subprocess
+import time
+
+import jax
+import numpy as np
+
+import _cli
+from calib_jax.train import loop, setup as setup_lib
+from calib_jax.train.checkpoint import Checkpointer
+from configs import digits_ce
+
+QUICK = (
+    "--config.num_steps=400",
+    "--config.checkpoint_every=100",
+    "--config.log_every=10",
+    "--config.shifts.corruptions=none",
+)
+
+
+def test_sigterm_checkpoints_exits_zero_and_resumes_to_the_same_result(tmp_path):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert _cli.run("digits_ce.py", straight, *QUICK).returncode == 0
+    proc = subprocess.Popen(
+        _cli.command("digits_ce.py", stopped, *QUICK),
+        cwd=_cli.ROOT,
+        env=_cli.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = stopped / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    steps = sorted(
+        int(p.name) for p in (stopped / "checkpoints").iterdir() if p.name.isdigit()
+    )
+    # It stopped early, at a step that is not a regular checkpoint step.
+    assert steps and steps[-1] < 400 and "SIGTERM" in err
+    assert not (stopped / "logits").exists()
+    result = _cli.run("digits_ce.py", stopped, *QUICK)
+    assert result.returncode == 0, result.stderr[-2000:]
+    with (
+        np.load(straight / "logits" / "test.npz") as a,
+        np.load(stopped / "logits" / "test.npz") as b,
+    ):
+        np.testing.assert_array_equal(a["logits"], b["logits"])
+
+
+def test_unreadable_latest_checkpoint_is_skipped_with_a_warning(tmp_path, caplog):
+    config = digits_ce.get_config()
+    config.num_steps, config.checkpoint_every = 30, 10
+    config.shifts.corruptions = "none"
+    loop.train_and_evaluate(config, tmp_path)
+    latest = tmp_path / "checkpoints" / "30"
+    # Damage the newest checkpoint: drop its array data.
+    for path in sorted(latest.rglob("*")):
+        if path.is_dir() and path.name == "d":
+            shutil.rmtree(path)
+    run = setup_lib.build(config, tmp_path)
+    ckpt = Checkpointer(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        state = ckpt.restore_latest(run.abstract_state)
+    ckpt.close()
+    assert int(jax.device_get(state.step)) == 20
+    assert any(str(latest) in r.getMessage() for r in caplog.records)
+    assert latest.exists()  # nothing is deleted

@@ -1,0 +1,375 @@
+r"""The focal family: focal, sample-dependent focal (FLSD-53), inverse and dual focal.
+
+All four are reweighted cross-entropies :math:`-w(p)\log p_y`. The weights are
+evaluated in log space from the true-class-versus-rest log-odds
+:math:`d = z_y - \log\sum_{k \ne y} e^{z_k}` (see ``_primary._true_vs_rest``):
+:math:`\log p_y = \log\sigma(d)` and :math:`\log(1 - p_y) = \log\sigma(-d)` are
+finite with finite gradients even when :math:`p_y` rounds to 0 or 1, so
+:math:`(1 - p_y)^\gamma = \exp(\gamma \log(1 - p_y))` has no 0-to-a-power
+gradient trap, for any :math:`\gamma \ge 0` (:math:`\gamma = 0` included).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from calib_jax.losses._common import (
+    check_nonnegative,
+    check_unit_interval,
+    prepare,
+    zero_masked,
+)
+from calib_jax.losses._primary import (
+    _check_num_classes,
+    _clean,
+    _take_col,
+    _true_vs_rest,
+)
+
+_DUAL_VARIANTS = ("paper", "released_code")
+
+# ---------------------------------------------------------------------------
+# Focal loss.
+# ---------------------------------------------------------------------------
+
+
+def focal(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    gamma: jax.typing.ArrayLike = 3.0,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Focal loss, per-example.
+
+    .. math::
+
+        \ell_{\mathrm{FL}}(z, y) = -(1 - p_y)^{\gamma} \log p_y,
+        \qquad p = \operatorname{softmax}(z),
+
+    the multi-class focal loss of Lin et al. [2] without the class weight
+    :math:`\alpha`, as used for calibration by Mukhoti et al. [3] ([1],
+    Def. 3.1, Eq. (2)). :math:`\gamma = 0` is :func:`cross_entropy`.
+
+    The default :math:`\gamma = 3` is the fixed-:math:`\gamma` setting "FL-3"
+    of [3]; the class-wise loss scaling paper [4] (Sec. 5.3) uses it for its
+    focal baseline, and the ACLS supplement [5] (Sec. S1.1) finds that the
+    sample-dependent rule of [3] picks :math:`\gamma = 3` for 95% of the
+    samples. The sample-dependent rule itself is :func:`focal_adaptive`.
+
+    Both factors come from :math:`d = z_y - \log\sum_{k \ne y} e^{z_k}`:
+    :math:`\log p_y = \log\sigma(d)`, :math:`(1 - p_y)^\gamma =
+    \exp(\gamma\log\sigma(-d))`; no departure from the definition.
+
+    Args:
+      logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
+      labels: int ``[B]`` class ids in ``[0, K)``.
+      gamma: focusing parameter :math:`\gamma \ge 0` (traceable).
+      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
+        get the value 0.
+
+    Returns:
+      float32 ``[B]`` (float64 for float64 logits), unreduced.
+
+    References:
+      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
+      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
+      2025, Def. 3.1, Eq. (2).
+      [2] T.-Y. Lin, P. Goyal, R. Girshick, K. He, P. Dollár, "Focal Loss for
+      Dense Object Detection", ICCV 2017.
+      [3] J. Mukhoti, V. Kulharia, A. Sanyal, S. Golodetz, P. Torr,
+      P. Dokania, "Calibrating Deep Neural Networks using Focal Loss",
+      NeurIPS 2020, arXiv:2002.09437.
+      [4] S. Jung, S. Seo, Y. Jeong, J. Choi, "Scaling of Class-wise Training
+      Losses for Post-hoc Calibration", ICML 2023, Sec. 5.3.
+      [5] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
+      Conditional Label Smoothing for Network Calibration", ICCV 2023,
+      supplementary Sec. S1.1.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> logits = jnp.array([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+      >>> print(focal(logits, jnp.array([0, 2]), gamma=3.0))
+      [0.00064735 0.3255148 ]
+    """
+    check_nonnegative("gamma", gamma)
+    logits, labels, mask = prepare(logits, labels, where)
+    _check_num_classes(logits)
+    return _focal(logits, labels, mask, gamma)
+
+
+@jax.jit
+def _focal(logits, labels, mask, gamma):
+    logits, labels = _clean(logits, labels, mask)
+    split = _true_vs_rest(logits, labels)
+    gamma = jnp.asarray(gamma, logits.dtype)
+    loss = -jnp.exp(gamma * split.log_1m_p_true) * split.log_p_true
+    return zero_masked(loss, mask)
+
+
+# ---------------------------------------------------------------------------
+# Sample-dependent focal loss, FLSD-53.
+# ---------------------------------------------------------------------------
+
+
+def focal_adaptive(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    threshold: jax.typing.ArrayLike = 0.2,
+    gamma_below: jax.typing.ArrayLike = 5.0,
+    gamma_above: jax.typing.ArrayLike = 3.0,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Focal loss with the sample-dependent :math:`\gamma` "FLSD-53", per-example.
+
+    .. math::
+
+        \ell(z, y) = -(1 - p_y)^{\gamma(p_y)} \log p_y, \qquad
+        \gamma(p_y) = \begin{cases} 5, & p_y \in [0, 0.2) \\
+                                    3, & p_y \in [0.2, 1] \end{cases}
+
+    where :math:`p_y` is the softmax probability of the **true** class. This is
+    the rule of Mukhoti et al. [2] as restated by [1] (Sec. 5, "Baselines":
+    :math:`\gamma = 5` for :math:`f_{y'}(x) \in [0, 0.2)`, 3 otherwise). The
+    threshold is strict on the low side: :math:`p_y = 0.2` gets
+    :math:`\gamma = 3`.
+
+    :math:`\gamma(p_y)` is piecewise constant, so it is evaluated on
+    ``stop_gradient(p_y)``: no gradient flows through the choice of
+    :math:`\gamma` (its derivative is 0 wherever it exists). The loss itself
+    is discontinuous in the logits where :math:`p_y` crosses the threshold
+    (from :math:`-0.8^5\log 0.2` to :math:`-0.8^3\log 0.2`).
+
+    The ACLS supplement [3], Eq. (1), writes the same rule on the predicted
+    class probability :math:`p_{\hat y}` instead of :math:`p_y`; that is not
+    what [1] and [2] state and is not implemented (with :math:`K \le 5`,
+    :math:`p_{\hat y} \ge 1/K \ge 0.2` always, so that reading would never
+    select :math:`\gamma = 5`).
+
+    Args:
+      logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
+      labels: int ``[B]`` class ids in ``[0, K)``.
+      threshold: true-class probability below which ``gamma_below`` is used;
+        default 0.2 ([2]).
+      gamma_below: :math:`\gamma` for :math:`p_y <` ``threshold``; default 5.
+      gamma_above: :math:`\gamma` for :math:`p_y \ge` ``threshold``; default 3.
+      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
+        get the value 0.
+
+    Returns:
+      float32 ``[B]`` (float64 for float64 logits), unreduced.
+
+    References:
+      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
+      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
+      2025, Sec. 5 (Baselines, "FL-53").
+      [2] J. Mukhoti, V. Kulharia, A. Sanyal, S. Golodetz, P. Torr,
+      P. Dokania, "Calibrating Deep Neural Networks using Focal Loss",
+      NeurIPS 2020, arXiv:2002.09437 (FLSD-53).
+      [3] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
+      Conditional Label Smoothing for Network Calibration", ICCV 2023,
+      supplementary Eq. (1).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> logits = jnp.array([[0.5, 0.0, -0.5], [0.0, 2.0, 0.0]])
+      >>> print(focal_adaptive(logits, jnp.array([0, 0])))  # gamma 3, then 5
+      [0.08177007 1.2753096 ]
+    """
+    check_unit_interval("threshold", threshold, closed_left=True)
+    check_nonnegative("gamma_below", gamma_below)
+    check_nonnegative("gamma_above", gamma_above)
+    logits, labels, mask = prepare(logits, labels, where)
+    _check_num_classes(logits)
+    return _focal_adaptive(logits, labels, mask, threshold, gamma_below, gamma_above)
+
+
+@jax.jit
+def _focal_adaptive(logits, labels, mask, threshold, gamma_below, gamma_above):
+    logits, labels = _clean(logits, labels, mask)
+    split = _true_vs_rest(logits, labels)
+    dtype = logits.dtype
+    # The FLSD-53 rule is piecewise constant in p_y: no gradient through it.
+    p_true = lax.stop_gradient(jnp.exp(split.log_p_true))
+    gamma = jnp.where(
+        p_true < jnp.asarray(threshold, dtype),
+        jnp.asarray(gamma_below, dtype),
+        jnp.asarray(gamma_above, dtype),
+    )
+    loss = -jnp.exp(gamma * split.log_1m_p_true) * split.log_p_true
+    return zero_masked(loss, mask)
+
+
+# ---------------------------------------------------------------------------
+# Inverse focal loss.
+# ---------------------------------------------------------------------------
+
+
+def inverse_focal(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    gamma: jax.typing.ArrayLike = 2.0,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Inverse focal loss, per-example.
+
+    .. math::
+
+        \ell_{\mathrm{IFL}}(z, y) = -(1 + p_y)^{\gamma} \log p_y,
+
+    which, unlike :func:`focal`, up-weights confident samples (Wang et al.
+    [2]; the form here is [1], Def. 3.2, Eq. (3)). :math:`\gamma = 0` is
+    :func:`cross_entropy`. The weight is :math:`\exp(\gamma\,
+    \operatorname{softplus}(\log p_y))`.
+
+    There is no single paper value of :math:`\gamma`: [1] selects it by
+    cross-validation per model and data set (App. E.1, Table 2: 1.0 to 3.0).
+    The default 2.0 is the value [1] selects for ResNet-50 on CIFAR-10. [1]
+    (App. C.2, Sec. 5) notes that for :math:`\gamma \gtrsim 3.5`-4 the
+    gradient w.r.t. :math:`p_y` becomes positive in places and training can
+    fail; no check enforces this.
+
+    Args:
+      logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
+      labels: int ``[B]`` class ids in ``[0, K)``.
+      gamma: :math:`\gamma \ge 0` (traceable).
+      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
+        get the value 0.
+
+    Returns:
+      float32 ``[B]`` (float64 for float64 logits), unreduced.
+
+    References:
+      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
+      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
+      2025, Def. 3.2, Eq. (3); App. C.2; App. E.1, Table 2.
+      [2] D.-B. Wang, L. Feng, M.-L. Zhang, "Rethinking Calibration of Deep
+      Neural Networks: Do Not Be Afraid of Overconfidence", NeurIPS 2021.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> logits = jnp.array([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+      >>> print(inverse_focal(logits, jnp.array([0, 2]), gamma=2.0))
+      [0.57740504 1.9530884 ]
+    """
+    check_nonnegative("gamma", gamma)
+    logits, labels, mask = prepare(logits, labels, where)
+    _check_num_classes(logits)
+    return _inverse_focal(logits, labels, mask, gamma)
+
+
+@jax.jit
+def _inverse_focal(logits, labels, mask, gamma):
+    logits, labels = _clean(logits, labels, mask)
+    log_p = _take_col(logits, labels) - jax.nn.logsumexp(logits, axis=1)
+    gamma = jnp.asarray(gamma, logits.dtype)
+    # log(1 + p_y) = softplus(log p_y).
+    loss = -jnp.exp(gamma * jax.nn.softplus(log_p)) * log_p
+    return zero_masked(loss, mask)
+
+
+# ---------------------------------------------------------------------------
+# Dual focal loss.
+# ---------------------------------------------------------------------------
+
+
+def dual_focal(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    gamma: jax.typing.ArrayLike = 5.0,
+    variant: str = "paper",
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Dual focal loss, per-example.
+
+    ``variant='paper'`` (default), the loss as Tao et al. [2] define it,
+    restated in [1], Eq. (24):
+
+    .. math::
+
+        \ell_{\mathrm{DFL}}(z, y) = -(1 - p_y + p_{j^*})^{\gamma} \log p_y,
+        \qquad j^* = \operatorname*{arg\,max}_{j \ne y} p_j,
+
+    where :math:`p_{j^*}` is the largest **non-true-class** probability, so the
+    weight grows as the margin :math:`p_y - p_{j^*}` shrinks. The gradient
+    flows through :math:`p_{j^*}` (the max is piecewise smooth; it has kinks
+    where two non-true classes tie, and there the gradient is that of the
+    first tied class).
+
+    ``variant='released_code'`` is the behaviour that [1], App. C.3,
+    Eqs. (25)-(26), reports for the authors' public implementation: the
+    competitor is dropped when the sample is misclassified,
+
+    .. math::
+
+        \ell = \begin{cases}
+            -(1 - p_y + p_{j^*})^{\gamma}\log p_y, & p_y \ge p_{j^*} \\
+            -(1 - p_y)^{\gamma}\log p_y, & p_y < p_{j^*},
+        \end{cases}
+
+    i.e. the plain focal loss on misclassified samples. This is discontinuous
+    at the tie :math:`p_y = p_{j^*}` and, as [1] points out, lowers the weight
+    of exactly the uncertain (misclassified) samples, the opposite of the
+    intent of Eq. (24). It is implemented from the description in [1], not
+    from the released code itself.
+
+    There is no single paper value of :math:`\gamma`; [2] and [1] select it by
+    cross-validation ([1], App. E.1, Table 2: 1.0 to 6.1). The default 5.0 is
+    the value [1] selects for ResNet-50 on CIFAR-10 (and CIFAR-100).
+
+    Args:
+      logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
+      labels: int ``[B]`` class ids in ``[0, K)``.
+      gamma: :math:`\gamma \ge 0` (traceable).
+      variant: static str, ``'paper'`` (Eq. (24) of [1]) or
+        ``'released_code'`` (Eqs. (25)-(26) of [1]).
+      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
+        get the value 0.
+
+    Returns:
+      float32 ``[B]`` (float64 for float64 logits), unreduced.
+
+    References:
+      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
+      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
+      2025, Eqs. (24)-(26) (App. C.3) and App. E.1, Table 2.
+      [2] L. Tao, M. Dong, C. Xu, "Dual Focal Loss for Calibration",
+      ICML 2023, PMLR 202:33833-33849.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> logits = jnp.array([[2.0, 0.0, -1.0], [0.0, 2.0, 0.0]])
+      >>> print(dual_focal(logits, jnp.array([0, 0]), gamma=2.0))
+      [0.01241853 6.324496  ]
+      >>> print(dual_focal(logits, jnp.array([0, 0]), gamma=2.0,
+      ...                  variant="released_code"))
+      [0.01241853 1.7878953 ]
+    """
+    if variant not in _DUAL_VARIANTS:
+        raise ValueError(f"variant must be one of {_DUAL_VARIANTS}, got {variant!r}.")
+    check_nonnegative("gamma", gamma)
+    logits, labels, mask = prepare(logits, labels, where)
+    _check_num_classes(logits)
+    return _dual_focal(logits, labels, mask, gamma, variant=variant)
+
+
+@functools.partial(jax.jit, static_argnames="variant")
+def _dual_focal(logits, labels, mask, gamma, *, variant):
+    logits, labels = _clean(logits, labels, mask)
+    split = _true_vs_rest(logits, labels, rest_max_grad=True)
+    gamma = jnp.asarray(gamma, logits.dtype)
+    # log(1 - p_y + p_j*), both terms finite in log space.
+    log_base = jnp.logaddexp(split.log_1m_p_true, split.log_p_rest_max)
+    if variant == "released_code":
+        # [1], Eqs. (25)-(26): p_j* is dropped once the sample is misclassified.
+        correct = lax.stop_gradient(split.z_true >= split.z_rest_max)
+        log_base = jnp.where(correct, log_base, split.log_1m_p_true)
+    loss = -jnp.exp(gamma * log_base) * split.log_p_true
+    return zero_masked(loss, mask)

@@ -1,0 +1,364 @@
+r"""Primary per-example losses: cross-entropy, label smoothing and the Brier score.
+
+Also holds :func:`_true_vs_rest`, the true-class-versus-the-rest decomposition of
+the softmax that the focal family shares. Writing
+:math:`d = z_y - \log\sum_{k \ne y} e^{z_k}` gives
+
+.. math::
+
+    \log p_y = \log\sigma(d), \qquad \log(1 - p_y) = \log\sigma(-d),
+
+both finite with finite gradients for every finite logit vector (:math:`K \ge 2`),
+including :math:`p_y` that rounds to 0 or 1. Computing :math:`1 - p_y` as
+``1 - exp(log p_y)`` instead loses it to rounding once :math:`p_y > 1 - 10^{-7}`,
+and :math:`(1 - p_y)^\gamma` then has a NaN gradient.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from calib_jax.losses._common import check_unit_interval, prepare, zero_masked
+
+_OFF_TARGET = ("uniform", "others")
+
+
+def _check_num_classes(logits: jax.Array) -> None:
+    """Static check: the losses of this package need at least two classes."""
+    if logits.shape[1] < 2:
+        raise ValueError(
+            f"logits must have at least 2 classes, got shape {logits.shape}."
+        )
+
+
+def _clean(logits: jax.Array, labels: jax.Array, mask: jax.Array):
+    """Zeroes excluded rows (and their labels) so NaN/inf cannot leak.
+
+    ``jnp.where`` (not a product): the cotangent of an excluded row is then
+    exactly 0, whatever it held.
+    """
+    logits = jnp.where(mask[:, None], logits, jnp.zeros_like(logits))
+    labels = jnp.where(mask, labels, jnp.zeros_like(labels))
+    return logits, labels
+
+
+def _take_col(x: jax.Array, idx: jax.Array) -> jax.Array:
+    """``x[b, idx[b]]`` as ``[B]``; the gradient goes to that one entry."""
+    return jnp.take_along_axis(x, idx[:, None], axis=1)[:, 0]
+
+
+def _first_index(x: jax.Array, value: jax.Array) -> jax.Array:
+    """First column ``k`` with ``x[b, k] == value[b]``, int32 ``[B]``.
+
+    ``value`` must be attained in every row (a row max or min). A ``where``
+    plus an integer min over the classes; on XLA:CPU about 4x faster than
+    ``jnp.argmax`` at (4096, 1000).
+    """
+    cols = lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    first = jnp.min(jnp.where(x == value[:, None], cols, x.shape[1]), axis=1)
+    return lax.stop_gradient(first)
+
+
+def _row_max(x: jax.Array) -> jax.Array:
+    """Row max ``[B]`` whose gradient goes to the first arg-max only.
+
+    Same value as ``jnp.max``; on ties the derivative is that of the first
+    maximal entry (a one-sided derivative, as with ``argmax``-based code),
+    instead of ``jnp.max``'s equal split, which on XLA:CPU materialises several
+    ``[B, K]`` temporaries.
+    """
+    top = lax.stop_gradient(jnp.max(x, axis=1))
+    return _take_col(x, _first_index(lax.stop_gradient(x), top))
+
+
+def _row_min(x: jax.Array) -> jax.Array:
+    """Row min ``[B]`` whose gradient goes to the first arg-min only."""
+    low = lax.stop_gradient(jnp.min(x, axis=1))
+    return _take_col(x, _first_index(lax.stop_gradient(x), low))
+
+
+class _Split(NamedTuple):
+    """Per-row true-class-versus-rest statistics, each ``[B]``."""
+
+    z_true: jax.Array  # z_y
+    z_rest_max: jax.Array  # max_{k != y} z_k
+    lse_rest: jax.Array  # log sum_{k != y} exp(z_k)
+    log_sq_ratio: jax.Array | None  # log(sum_{k != y} e_k^2 / (sum_{k != y} e_k)^2)
+
+    @property
+    def d(self) -> jax.Array:
+        """Log-odds of the true class against all the others."""
+        return self.z_true - self.lse_rest
+
+    @property
+    def log_p_true(self) -> jax.Array:
+        return jax.nn.log_sigmoid(self.d)
+
+    @property
+    def log_1m_p_true(self) -> jax.Array:
+        return jax.nn.log_sigmoid(-self.d)
+
+    @property
+    def log_p_rest_max(self) -> jax.Array:
+        """Log-probability of the most probable non-true class."""
+        # log p_j* = z_j* - lse, lse = z_y - log p_y.
+        return self.z_rest_max - self.z_true + self.log_p_true
+
+
+def _true_vs_rest(
+    logits: jax.Array,
+    labels: jax.Array,
+    *,
+    squares: bool = False,
+    rest_max_grad: bool = False,
+) -> _Split:
+    """One max pass and one exp pass over ``[B, K]``, as for plain softmax.
+
+    The label column is replaced by ``-inf`` *before* the exponential, so its
+    ``exp`` is exactly 0 with a zero cotangent (no 0 * inf in the gradient).
+    ``z_rest_max`` carries a gradient (to the first arg-max among the other
+    classes) only with ``rest_max_grad``; otherwise it is a constant.
+
+    The ``optimization_barrier`` calls change no value; they stop XLA:CPU from
+    fusing the sibling reductions into a form that materialises extra ``[B, K]``
+    temporaries (measured at (4096, 1000): 31 -> 16 MiB for dual focal,
+    16 -> 0 MiB for Brier).
+    """
+    cols = lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+    is_true = cols == labels[:, None]
+    rest = jnp.where(is_true, -jnp.inf, logits)
+    # The shift is a constant: log-sum-exp is shift invariant.
+    shift = lax.stop_gradient(jnp.max(rest, axis=1))
+    z_rest_max = shift
+    if rest_max_grad:
+        idx = _first_index(lax.stop_gradient(rest), shift)
+        idx, shift = lax.optimization_barrier((idx, shift))
+        z_rest_max = _take_col(logits, idx)
+    e = jnp.exp(rest - shift[:, None])
+    if squares:
+        e = lax.optimization_barrier(e)
+    s1 = jnp.sum(e, axis=1)  # >= 1: the maximum contributes exp(0)
+    lse_rest = shift + jnp.log(s1)
+    log_sq_ratio = None
+    if squares:
+        s2 = jnp.sum(e * e, axis=1)  # >= 1 as well
+        log_sq_ratio = jnp.log(s2) - 2.0 * jnp.log(s1)
+    return _Split(_take_col(logits, labels), z_rest_max, lse_rest, log_sq_ratio)
+
+
+# ---------------------------------------------------------------------------
+# Cross-entropy.
+# ---------------------------------------------------------------------------
+
+
+def cross_entropy(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Softmax cross-entropy (negative log-likelihood), per-example.
+
+    .. math::
+
+        \ell_{\mathrm{CE}}(z, y) = -\log p_y
+            = \log\sum_{k=1}^{K} e^{z_k} - z_y,
+        \qquad p = \operatorname{softmax}(z).
+
+    Computed as log-sum-exp minus the label logit (one max and one exp pass
+    over the classes), never as ``log(softmax)``.
+
+    Args:
+      logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
+      labels: int ``[B]`` class ids in ``[0, K)``.
+      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
+        get the value 0.
+
+    Returns:
+      float32 ``[B]`` (float64 for float64 logits), unreduced.
+
+    References:
+      [1] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
+      Conditional Label Smoothing for Network Calibration", ICCV 2023, Eq. (1)
+      with one-hot :math:`q` and Eq. (2).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> logits = jnp.array([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+      >>> print(cross_entropy(logits, jnp.array([0, 2])))
+      [0.16984606 1.0986123 ]
+    """
+    logits, labels, mask = prepare(logits, labels, where)
+    _check_num_classes(logits)
+    return _cross_entropy(logits, labels, mask)
+
+
+@jax.jit
+def _cross_entropy(logits, labels, mask):
+    logits, labels = _clean(logits, labels, mask)
+    loss = jax.nn.logsumexp(logits, axis=1) - _take_col(logits, labels)
+    return zero_masked(loss, mask)
+
+
+# ---------------------------------------------------------------------------
+# Label smoothing.
+# ---------------------------------------------------------------------------
+
+
+def label_smoothing(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    epsilon: jax.typing.ArrayLike = 0.1,
+    off_target: str = "uniform",
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Cross-entropy against label-smoothed targets, per-example.
+
+    With ``off_target='uniform'`` (the default) this is the standard label
+    smoothing of Szegedy et al. [2] as analysed by Müller et al. [3] and
+    restated by the ACLS paper [1], Eq. (4): the one-hot target is mixed with
+    the uniform distribution over **all** :math:`K` classes,
+
+    .. math::
+
+        q_k = (1 - \epsilon)\,[k = y] + \frac{\epsilon}{K},
+        \qquad
+        \ell_{\mathrm{LS}}(z, y) = -\sum_{k=1}^{K} q_k \log p_k,
+
+    so the true class gets :math:`1 - \epsilon(1 - 1/K)` and every other class
+    :math:`\epsilon/K` ([1], Eq. (4) and the gradient of Eq. (5)). This is the
+    baseline the ACLS and MbLS papers compare against.
+
+    ``off_target='others'`` spreads the mass over the :math:`K - 1` non-target
+    classes only: :math:`q_y = 1 - \epsilon`,
+    :math:`q_k = \epsilon / (K - 1)` for :math:`k \ne y`. The two conventions
+    differ in value by :math:`\epsilon\,[\frac{1}{K}\sum_k (-\log p_k) -
+    \frac{1}{K-1}\sum_{k \ne y} (-\log p_k)]`; ``uniform`` with
+    :math:`\epsilon` equals ``others`` with :math:`\epsilon (K - 1)/K`.
+
+    Computed as :math:`\log\sum_k e^{z_k} - \sum_k q_k z_k` (no
+    ``log(softmax)`` array). With :math:`\epsilon = 0` it is
+    :func:`cross_entropy`.
+
+    Args:
+      logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
+      labels: int ``[B]`` class ids in ``[0, K)``.
+      epsilon: smoothing mass :math:`\epsilon \in [0, 1]`; default 0.1, the
+        value of [2] (Sec. 7) and [3].
+      off_target: static str, ``'uniform'`` (all :math:`K` classes, [1]-[3])
+        or ``'others'`` (the :math:`K - 1` non-target classes).
+      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
+        get the value 0.
+
+    Returns:
+      float32 ``[B]`` (float64 for float64 logits), unreduced.
+
+    References:
+      [1] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
+      Conditional Label Smoothing for Network Calibration", ICCV 2023,
+      Eqs. (4)-(5).
+      [2] C. Szegedy, V. Vanhoucke, S. Ioffe, J. Shlens, Z. Wojna, "Rethinking
+      the Inception Architecture for Computer Vision", CVPR 2016, Sec. 7.
+      [3] R. Müller, S. Kornblith, G. Hinton, "When Does Label Smoothing
+      Help?", NeurIPS 2019.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> logits = jnp.array([[2.0, 0.0, -1.0]])
+      >>> print(label_smoothing(logits, jnp.array([0]), epsilon=0.1))
+      [0.33651277]
+    """
+    if off_target not in _OFF_TARGET:
+        raise ValueError(
+            f"off_target must be one of {_OFF_TARGET}, got {off_target!r}."
+        )
+    check_unit_interval("epsilon", epsilon, closed_left=True)
+    logits, labels, mask = prepare(logits, labels, where)
+    _check_num_classes(logits)
+    return _label_smoothing(logits, labels, mask, epsilon, off_target=off_target)
+
+
+@functools.partial(jax.jit, static_argnames="off_target")
+def _label_smoothing(logits, labels, mask, epsilon, *, off_target):
+    logits, labels = _clean(logits, labels, mask)
+    k = logits.shape[1]
+    eps = jnp.asarray(epsilon, logits.dtype)
+    z_true = _take_col(logits, labels)
+    total = jnp.sum(logits, axis=1)
+    if off_target == "uniform":
+        off = total / k
+    else:
+        off = (total - z_true) / (k - 1)
+    # -sum_k q_k log p_k = lse - sum_k q_k z_k, since sum_k q_k = 1.
+    loss = jax.nn.logsumexp(logits, axis=1) - (1.0 - eps) * z_true - eps * off
+    return zero_masked(loss, mask)
+
+
+# ---------------------------------------------------------------------------
+# Brier score.
+# ---------------------------------------------------------------------------
+
+
+def brier(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Multi-class Brier score of the softmax, per-example.
+
+    .. math::
+
+        \ell_{\mathrm{BS}}(z, y) = \sum_{k=1}^{K} (p_k - [k = y])^2
+            = (1 - p_y)^2 + \sum_{k \ne y} p_k^2,
+
+    the squared Euclidean distance between :math:`p` and the one-hot label
+    (Brier [2]; [1], Def. A.2, Eq. (19), per sample). It lies in
+    :math:`[0, 2]`. Some papers and libraries divide by :math:`K` (a mean over
+    classes); this function does **not**.
+
+    Computed as :math:`(1 - p_y)^2\,(1 + \sum_{k \ne y} e_k^2 /
+    (\sum_{k \ne y} e_k)^2)` with :math:`e_k = e^{z_k - \max_{k' \ne y}
+    z_{k'}}` and :math:`1 - p_y` from the true-class-versus-rest log-odds, so
+    nothing cancels when :math:`p_y \to 1`.
+
+    Args:
+      logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
+      labels: int ``[B]`` class ids in ``[0, K)``.
+      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
+        get the value 0.
+
+    Returns:
+      float32 ``[B]`` (float64 for float64 logits), unreduced.
+
+    References:
+      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
+      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
+      2025, Def. A.2, Eq. (19).
+      [2] G. W. Brier, "Verification of Forecasts Expressed in Terms of
+      Probability", Monthly Weather Review 78(1), 1950.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> logits = jnp.array([[0.0, 0.0], [2.0, 0.0]])
+      >>> print(brier(logits, jnp.array([0, 0])))
+      [0.5        0.02841867]
+    """
+    logits, labels, mask = prepare(logits, labels, where)
+    _check_num_classes(logits)
+    return _brier(logits, labels, mask)
+
+
+@jax.jit
+def _brier(logits, labels, mask):
+    logits, labels = _clean(logits, labels, mask)
+    split = _true_vs_rest(logits, labels, squares=True)
+    # p_k / (1 - p_y) = e_k / sum_{k' != y} e_k' for every k != y.
+    loss = jnp.exp(2.0 * split.log_1m_p_true) * (1.0 + jnp.exp(split.log_sq_ratio))
+    return zero_masked(loss, mask)

@@ -8,6 +8,7 @@ workdir *before* any compute, and returns a :class:`Run` whose ``step`` and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -287,6 +288,22 @@ def _shifts(config: ConfigDict, dataset):
     return out
 
 
+@functools.cache
+def _corruption(name: str, severity: int):
+    """The jitted on-device corruption of eval batch ``i`` (compiled once per run).
+
+    The corrupted test set depends only on (corruption, severity, batch index),
+    never on the training seed, so every run and every method sees the same shift.
+    """
+    base = jax.random.key(_SHIFT_SEED + list(corruptions.CORRUPTIONS).index(name))
+
+    def corrupt(images, i):
+        key = jax.random.fold_in(jax.random.fold_in(base, severity), i)
+        return corruptions.corrupt(images, name, severity, key)
+
+    return jax.jit(corrupt)
+
+
 def _evaluate(config, workdir, dataset, shifts, eval_step, state, put, export):
     """Metrics on val, test and every shift of test; logits exported when asked."""
     kw = dict(
@@ -309,17 +326,13 @@ def _evaluate(config, workdir, dataset, shifts, eval_step, state, put, export):
     if shifts and config.dataset.test_split:
         test = dataset.source(config.dataset.test_split)
         per_metric: dict[str, list[float]] = {}
-        for c_index, (shifted, name, severity) in enumerate(shifts):
+        for shifted, name, severity in shifts:
             if shifted is not None:  # a published shifted split
                 batches, fn = pipeline.eval_batches(shifted, **kw), None
             else:
-                # The corrupted test set depends only on (corruption, severity,
-                # batch), never on the training seed: every run sees the same shift.
-                batches = pipeline.eval_batches(test, **kw)
-                fn = jax.jit(
-                    lambda x, i, n=name, s=severity, c=c_index: corruptions.corrupt(
-                        x, n, s, jax.random.fold_in(jax.random.key(_SHIFT_SEED + c), i)
-                    )
+                batches, fn = (
+                    pipeline.eval_batches(test, **kw),
+                    _corruption(name, severity),
                 )
             logits, labels = eval_lib.collect_logits(
                 eval_step, state, batches, put, transform=fn

@@ -24,14 +24,15 @@ flags.mark_flags_as_required(["config", "workdir"])
 def fail(message: str) -> None:
     """Prints a one-line error and exits with status 2.
 
-    A multi-line message (a config file's own traceback, a list of attempted
-    paths) is cut to its last line, which names the actual problem.
+    A message that carries a traceback (a config file that raised) is cut to its
+    last line, which names the actual problem; other multi-line messages are
+    joined into one line.
     """
     lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
-    head = lines[0].split(":", 1)[0] if lines else "error"
-    line = lines[-1] if len(lines) > 1 else (lines[0] if lines else "unknown error")
-    if len(lines) > 1 and not line.startswith(head):
-        line = f"{head}: {line}"
+    if any(ln.startswith("Traceback") for ln in lines):
+        line = f"{lines[0].split(':', 1)[0]}: {lines[-1]}"
+    else:
+        line = " ".join(lines) or "unknown error"
     print(f"error: {line}", file=sys.stderr)
     sys.exit(2)
 

@@ -96,6 +96,10 @@ def test_sigkill_then_rerun_resumes_and_matches_an_uninterrupted_run(tmp_path):
         (("--config.loss=({'name': 'xent'},)",), "Unknown loss 'xent'"),
         (("--config.batch_size=12",), "not divisible by the 8 devices"),
         (("--config.calibration_stats=sometimes",), "calibration_stats"),
+        (
+            ("--config.dataset.name=cifar10", "--config.dataset.data_dir=/nonexistent"),
+            "tfds build cifar10 --file_format=array_record",
+        ),
     ],
 )
 def test_bad_input_is_one_line_before_compute(tmp_path, overrides, message):

@@ -13,7 +13,10 @@ $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "calib_jax needs Python >= 3.11, found " + sys.version.split()[0]'
 	$(PYTHON) -m venv $(VENV)
 
+# A fresh venv's setuptools may predate PEP 660 editable installs (and ship no
+# wheel), so the build tools are brought up to date first.
 $(STAMP): $(PY) requirements.txt requirements-test.txt constraints.txt pyproject.toml
+	$(PY) -m pip install -q --disable-pip-version-check -U 'pip>=24' 'setuptools>=68' wheel
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt \
 		-r requirements.txt -r requirements-test.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .

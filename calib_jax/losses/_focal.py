@@ -23,6 +23,7 @@ from calib_jax.losses._common import (
     prepare,
     zero_masked,
 )
+from calib_jax.losses._margin import _no_tangent, _row_reduce
 from calib_jax.losses._primary import (
     _check_num_classes,
     _clean,
@@ -363,13 +364,88 @@ def dual_focal(
 @functools.partial(jax.jit, static_argnames="variant")
 def _dual_focal(logits, labels, mask, gamma, *, variant):
     logits, labels = _clean(logits, labels, mask)
-    split = _true_vs_rest(logits, labels, rest_max_grad=True)
+    z_true, z_rest_max, rest_sum, _ = _dual_parts(logits, labels)
+    # log sum_{k != y} e^{z_k}; the shift is a constant (the sum is shift
+    # invariant), as in _primary._true_vs_rest.
+    lse_rest = lax.stop_gradient(z_rest_max) + jnp.log(rest_sum)
+    d = z_true - lse_rest  # log-odds of the true class against the rest
+    log_p_true = jax.nn.log_sigmoid(d)
+    log_1m_p_true = jax.nn.log_sigmoid(-d)
+    # log p_j* = z_j* - lse, lse = z_y - log p_y.
+    log_p_rest_max = z_rest_max - z_true + log_p_true
     gamma = jnp.asarray(gamma, logits.dtype)
     # log(1 - p_y + p_j*), both terms finite in log space.
-    log_base = jnp.logaddexp(split.log_1m_p_true, split.log_p_rest_max)
+    log_base = jnp.logaddexp(log_1m_p_true, log_p_rest_max)
     if variant == "released_code":
         # [1], Eqs. (25)-(26): p_j* is dropped once the sample is misclassified.
-        correct = lax.stop_gradient(split.z_true >= split.z_rest_max)
-        log_base = jnp.where(correct, log_base, split.log_1m_p_true)
-    loss = -jnp.exp(gamma * log_base) * split.log_p_true
+        correct = lax.stop_gradient(z_true >= z_rest_max)
+        log_base = jnp.where(correct, log_base, log_1m_p_true)
+    loss = -jnp.exp(gamma * log_base) * log_p_true
     return zero_masked(loss, mask)
+
+
+@jax.custom_jvp
+def _dual_parts(z, labels):
+    """``(z_true, z_rest_max, rest_sum, first)`` per row.
+
+    ``z_y``, ``max_{k != y} z_k``, ``sum_{k != y} exp(z_k - z_rest_max)`` and
+    the first arg-max among the non-true classes (int32): the statistics of
+    ``_primary._true_vs_rest(..., rest_max_grad=True)`` from two fused row
+    reductions (see ``_margin._row_reduce``), without its separate arg-max
+    pass. ``z_rest_max`` carries the gradient of its first arg-max; the
+    derivative of ``rest_sum`` holds ``z_rest_max`` fixed, so
+    ``stop_gradient(z_rest_max) + log(rest_sum)`` is the log-sum-exp with its
+    exact derivatives (all orders). The backward pass is one elementwise pass
+    over the exponentials, which the forward pass writes once.
+    """
+    k = z.shape[1]
+    finfo = jnp.finfo(z.dtype)
+    cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    is_true = cols == labels[:, None]
+    # Finite sentinels, not -inf/+inf: those make XLA:CPU emit a scalar loop.
+    # (The max differs from -inf only when every non-true logit is -inf.)
+    z_rest_max, true_min = _row_reduce(
+        (jnp.where(is_true, finfo.min, z), jnp.where(is_true, z, finfo.max)),
+        (-jnp.inf, jnp.inf),
+        (lax.max, lax.min),
+    )
+    # true_min is z_y except for z_y = +inf (the sentinel); the gather restores
+    # that case (maximum keeps NaN).
+    z_true = jnp.maximum(true_min, _take_col(z, labels))
+    shift = z_rest_max[:, None]
+    rest_sum, first = _row_reduce(
+        (
+            _rest_exp(z, is_true, shift),
+            jnp.where((z == shift) & ~is_true, cols, k),
+        ),
+        (0, k),
+        (lax.add, lax.min),
+    )
+    return z_true, z_rest_max, rest_sum, first
+
+
+def _rest_exp(z, is_true, shift):
+    """``exp(z_k - shift)`` for ``k != y``, 0 for the true class.
+
+    ``z_k - shift > 0`` only for the true class; clamping it to 0 keeps that
+    (discarded) exponential finite, so no ``0 * inf`` reaches a derivative of
+    this expression. The primal and the rule share it, so XLA computes the
+    exponentials once.
+    """
+    d = z - shift
+    return jnp.where(is_true, 0.0, jnp.exp(jnp.where(d > 0, 0.0, d)))
+
+
+@_dual_parts.defjvp
+def _dual_parts_jvp(primals, tangents):
+    z, labels = primals
+    dz, _ = tangents
+    out = _dual_parts(z, labels)
+    _, z_rest_max, _, first = out
+    cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    is_true = cols == labels[:, None]
+    dtrue = jnp.sum(jnp.where(is_true, dz, 0.0), axis=1)
+    drest_max = jnp.sum(jnp.where(cols == first[:, None], dz, 0.0), axis=1)
+    e = _rest_exp(z, is_true, lax.stop_gradient(z_rest_max)[:, None])
+    drest_sum = jnp.sum(e * dz, axis=1)
+    return out, (dtrue, drest_max, drest_sum, _no_tangent(first))

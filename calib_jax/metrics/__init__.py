@@ -1,0 +1,86 @@
+"""Calibration, proper-scoring, selective and OOD metrics.
+
+Every metric is ``calib_jax.metrics.<name>(probs, labels, *, <options>,
+where=None)`` and returns a float32 scalar ``jax.Array`` (``ood_auroc`` and
+``fpr_at_95_tpr`` take ``(scores_in, scores_out)`` instead). ``probs`` are
+``[N, K]`` rows on the probability simplex; logits are rejected with a hint
+to apply ``jax.nn.softmax``. Called eagerly on concrete arrays the functions
+validate values (NaN/inf, simplex, label range, empty input) and raise
+``ValueError``; inside ``jax.jit`` they skip the value checks and run the
+same jittable core.
+
+Equal-width binned metrics come from mergeable :class:`BinnedStats`;
+binning conventions and library presets are in :data:`PRESETS` (see
+``docs/metrics.md``).
+"""
+
+from calib_jax.metrics._adaptive import adaptive_ece
+from calib_jax.metrics._binned import ece, mce, reliability_bins, rmsce
+from calib_jax.metrics._binning import PRESETS, Convention, get_convention
+from calib_jax.metrics._binning_free import ks_error, sweep_ece
+from calib_jax.metrics._classwise import classwise_ece, debiased_ece, marginal_ece
+from calib_jax.metrics._ood import fpr_at_95_tpr, ood_auroc
+from calib_jax.metrics._proper import accuracy, brier, nll
+from calib_jax.metrics._selective import aurc, eaurc
+from calib_jax.metrics._stats import BinnedStats
+
+METRICS = {
+    "ece": ece,
+    "mce": mce,
+    "rmsce": rmsce,
+    "adaptive_ece": adaptive_ece,
+    "classwise_ece": classwise_ece,
+    "marginal_ece": marginal_ece,
+    "debiased_ece": debiased_ece,
+    "ks_error": ks_error,
+    "sweep_ece": sweep_ece,
+    "brier": brier,
+    "nll": nll,
+    "accuracy": accuracy,
+    "aurc": aurc,
+    "eaurc": eaurc,
+    "ood_auroc": ood_auroc,
+    "fpr_at_95_tpr": fpr_at_95_tpr,
+    "reliability_bins": reliability_bins,
+}
+
+
+def get_metric(name: str):
+    """Returns the metric function registered under ``name``.
+
+    Raises:
+      ValueError: unknown name; the message lists the known metrics.
+    """
+    try:
+        return METRICS[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"Unknown metric {name!r}; known metrics: {', '.join(sorted(METRICS))}."
+        ) from None
+
+
+__all__ = [
+    "METRICS",
+    "PRESETS",
+    "BinnedStats",
+    "Convention",
+    "accuracy",
+    "adaptive_ece",
+    "aurc",
+    "brier",
+    "classwise_ece",
+    "debiased_ece",
+    "eaurc",
+    "ece",
+    "fpr_at_95_tpr",
+    "get_convention",
+    "get_metric",
+    "ks_error",
+    "marginal_ece",
+    "mce",
+    "nll",
+    "ood_auroc",
+    "reliability_bins",
+    "rmsce",
+    "sweep_ece",
+]

@@ -1,0 +1,194 @@
+r"""Equal-mass (adaptive) binning and the top-label adaptive ECE.
+
+Equal-mass bins depend on the whole split (its quantiles), so these metrics
+are sort-based: collect the split's probabilities once and call them on the
+full arrays; they are not mergeable across batches.
+
+Rules (``Convention.equal_mass``), for the ``n`` included confidences sorted
+ascending, :math:`s_0 \le \dots \le s_{n-1}`, and ``M`` bins:
+
+- ``'rank'`` (calib_jax): the sorted values are cut into ``M`` consecutive
+  groups of sizes as ``np.array_split`` (the first ``n mod M`` groups one
+  larger); tied confidences are kept together in the group of their first
+  occurrence, so the bins depend only on the values, not on the row order.
+  Groups emptied by ties contribute nothing. With ``n < M`` every sample is
+  a bin of its own.
+- ``'interp'`` (focal-loss code lineage): edges
+  :math:`e_j = \mathrm{interp}(j n / M)` of the sorted values (linear
+  interpolation, positions past ``n - 1`` clamp to the maximum), bins
+  :math:`(e_j, e_{j+1}]`; the smallest confidence equals :math:`e_0` and is in
+  no bin but still counts in ``N``.
+- ``'quantile'`` (netcal): edges are the linear-interpolation quantiles at
+  ``j / M`` with the first and last replaced by 0 and 1, bins
+  :math:`[e_j, e_{j+1})`, the last one closed.
+
+Interpolated edges are computed in float32 and can differ by one float32
+ulp from an edge computed in float64; this matters only for a confidence
+within one ulp of an interpolated edge that is not itself a data value.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from calib_jax.metrics import _binning, _common, _validate
+
+
+def _first_of_tie(s: jax.Array) -> jax.Array:
+    """Index of the first occurrence of ``s[r]`` in the sorted ``s``."""
+    r = lax.iota(jnp.int32, s.shape[0])
+    new = jnp.concatenate([jnp.ones((1,), bool), s[1:] != s[:-1]])
+    return lax.cummax(jnp.where(new, r, 0), axis=0)
+
+
+def _interp_edges(s, n, num_bins, numer_scale):
+    """Linear interpolation of ``s`` at positions ``j * numer_scale / M``."""
+    m = num_bins
+    j = jnp.arange(m + 1, dtype=jnp.int32)
+    numer = j * numer_scale
+    lo = jnp.minimum(numer // m, jnp.maximum(n - 1, 0))
+    frac = (numer % m).astype(s.dtype) / m
+    frac = jnp.where(numer // m >= n - 1, 0.0, frac)
+    hi = jnp.minimum(lo + 1, jnp.maximum(n - 1, 0))
+    return s[lo], s[hi], frac
+
+
+def assign_sorted(s: jax.Array, n: jax.Array, num_bins: int, rule: str) -> jax.Array:
+    """Equal-mass bin of every sorted confidence.
+
+    Args:
+      s: float ``[N]`` sorted ascending; rows past ``n`` (excluded) are +inf.
+      n: int scalar, number of included rows.
+      num_bins: static ``M``.
+      rule: ``'rank'``, ``'interp'`` or ``'quantile'``.
+
+    Returns:
+      int32 ``[N]`` bins in ``[0, M)``; ``-1`` for rows in no bin.
+    """
+    m = num_bins
+    r = lax.iota(jnp.int32, s.shape[0])
+    if rule == "rank":
+        first = _first_of_tie(s)
+        q, rem = n // m, n % m
+        big = rem * (q + 1)
+        b = jnp.where(
+            first < big, first // (q + 1), rem + (first - big) // jnp.maximum(q, 1)
+        )
+    elif rule == "interp":
+        a, c, frac = _interp_edges(s, n, m, n)
+        e = a + (c - a) * frac
+        b = jnp.searchsorted(e, s, side="left").astype(jnp.int32) - 1
+    elif rule == "quantile":
+        a, c, frac = _interp_edges(s, n, m, n - 1)
+        e = jnp.where(frac >= 0.5, c - (c - a) * (1.0 - frac), a + (c - a) * frac)
+        e = e.at[0].set(0.0).at[m].set(1.0)
+        b = jnp.searchsorted(e, s, side="right").astype(jnp.int32) - 1
+        b = jnp.clip(b, 0, m - 1)
+    else:
+        raise ValueError(f"unknown equal-mass rule {rule!r}.")
+    return jnp.where(r < n, b, -1)
+
+
+def equal_mass_stats(conf, correct, valid, num_bins, rule):
+    """Per-bin ``(count, sum_conf, sum_correct, lower, upper)`` of equal-mass bins.
+
+    ``lower``/``upper`` are the smallest and largest confidence in each bin
+    (0 for an empty bin).
+    """
+    n = jnp.sum(valid.astype(jnp.int32))
+    s, a = _common.unpack_key(jnp.sort(_common.sort_key(conf, correct, valid)))
+    s = jnp.where(lax.iota(jnp.int32, s.shape[0]) < n, s, jnp.inf)
+    bins = assign_sorted(s, n, num_bins, rule)
+    count = jax.ops.segment_sum(jnp.ones_like(a), bins, num_bins)
+    sum_conf = jax.ops.segment_sum(jnp.where(bins >= 0, s, 0.0), bins, num_bins)
+    sum_correct = jax.ops.segment_sum(a, bins, num_bins)
+    lower = jax.ops.segment_min(s, bins, num_bins)
+    upper = jax.ops.segment_max(jnp.where(bins >= 0, s, -jnp.inf), bins, num_bins)
+    empty = count == 0
+    lower = jnp.where(empty, 0.0, lower)
+    upper = jnp.where(empty, 0.0, upper)
+    return count, sum_conf, sum_correct, n, lower, upper
+
+
+def check_equal_mass(convention: _binning.Convention) -> str:
+    """The convention's equal-mass rule; ValueError when the preset has none."""
+    if convention.equal_mass is None:
+        raise ValueError(
+            f"convention {convention.name!r} ({convention.library}) has no "
+            "equal-mass binning; use binning='equal_width' or another preset."
+        )
+    return convention.equal_mass
+
+
+def equal_mass_error(probs, labels, where, num_bins, convention, p):
+    """Top-label binned error with the convention's equal-mass bins (traceable)."""
+    conf, correct = _common.top_label(probs, labels)
+    valid = _common.mask_or_ones(where, conf.shape[0])
+    count, sum_conf, sum_correct, n, _, _ = equal_mass_stats(
+        conf, correct, valid, num_bins, convention.equal_mass
+    )
+    return _common.binned_error(
+        count, sum_conf, sum_correct, n, p=p, min_count=convention.min_count
+    )
+
+
+_adaptive_core = jax.jit(equal_mass_error, static_argnums=(3, 4, 5))
+
+
+def adaptive_ece(
+    probs: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    num_bins: int = 15,
+    p: float = 1,
+    convention: str | _binning.Convention = _binning.DEFAULT,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Top-label ECE with equal-mass bins (adaptive ECE; sort-based).
+
+    .. math::
+
+        \mathrm{ECE}^{\mathrm{em}}_p = \Big(\sum_{b=1}^{M} \frac{n_b}{N}
+        |\mathrm{acc}_b - \mathrm{conf}_b|^p\Big)^{1/p},
+
+    the binned estimator of Def. 3.6 of [1] with bins holding (nearly) equal
+    numbers of top-label confidences :math:`\max_k p_{ik}`, the AdaECE of [2]. "Adaptive" here means top-label equal-mass binning, not
+    the all-class ACE of [3] nor an unweighted average over bins. The
+    equal-mass rule (ties, edges) follows ``convention``; see the module
+    docstring of ``calib_jax.metrics._adaptive``.
+
+    Args:
+      probs: float ``[N, K]`` rows on the probability simplex.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      num_bins: static int ``M >= 1``.
+      p: 1 (ECE) or 2 (root of the weighted mean squared gap).
+      convention: preset name or :class:`~calib_jax.metrics.Convention`.
+      where: optional bool ``[N]``; ``False`` rows are excluded.
+
+    Returns:
+      float32 scalar.
+
+    References:
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC,
+      Focal and Inverse Focal Loss", Def. 3.6.
+      [2] J. Mukhoti et al., "Calibrating Deep Neural Networks using Focal
+      Loss", NeurIPS 2020 (AdaECE).
+      [3] J. Nixon et al., "Measuring Calibration in Deep Learning", CVPR
+      Workshops 2019 (adaptive calibration error).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> print(f"{float(metrics.adaptive_ece(probs, labels, num_bins=2)):.3f}")
+      0.150
+    """
+    conv = _binning.get_convention(convention)
+    m = _validate.check_num_bins(num_bins)
+    p = _validate.check_p(p)
+    check_equal_mass(conv)
+    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+    return _adaptive_core(probs, labels, where, m, conv, p)

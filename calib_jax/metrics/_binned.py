@@ -1,0 +1,254 @@
+r"""Top-label binned calibration errors: ECE, RMSCE, MCE and reliability bins."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from calib_jax.metrics import (
+    _adaptive,
+    _binning,
+    _common,
+    _kernels,
+    _stats,
+    _validate,
+)
+
+BINNINGS = ("equal_width", "equal_mass")
+
+
+def _options(num_bins, binning, convention):
+    conv = _binning.get_convention(convention)
+    m = _validate.check_num_bins(num_bins)
+    _validate.check_choice("binning", binning, BINNINGS)
+    if binning == "equal_mass":
+        _adaptive.check_equal_mass(conv)
+    return m, conv
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
+def _top_label_core(probs, labels, where, num_bins, binning, convention, p):
+    if binning == "equal_width" and p == 1 and convention.min_count == 1:
+        # Fast path: the ECE only needs sum(conf - correct) per bin.
+        conf, correct = _common.top_label(probs, labels)
+        valid = _common.mask_or_ones(where, conf.shape[0])
+        bins = _binning.bin_index(conf, num_bins, convention)
+        slots = _binning.num_slots(convention, num_bins)
+        gaps = _kernels.gap_sums_top_label(conf, correct, bins, valid, slots)
+        n = jnp.maximum(jnp.sum(valid.astype(jnp.int32)), 1).astype(gaps.dtype)
+        return jnp.sum(jnp.abs(gaps)) / n
+    if binning == "equal_width":
+        stats = _stats._from_batch_impl(
+            probs, labels, where, num_bins, convention, False
+        )
+        return _stats._compute(stats, p)
+    return _adaptive.equal_mass_error(probs, labels, where, num_bins, convention, p)
+
+
+def _top_label_error(probs, labels, where, num_bins, binning, convention, p):
+    m, conv = _options(num_bins, binning, convention)
+    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+    return _top_label_core(probs, labels, where, m, binning, conv, p)
+
+
+def ece(
+    probs: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    num_bins: int = 15,
+    binning: str = "equal_width",
+    p: float = 1,
+    convention: str | _binning.Convention = _binning.DEFAULT,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Expected calibration error of the top-label confidence (binned).
+
+    The binned estimator of Def. 3.6 of [1] (Naeini et al. 2015; Guo et al.
+    2017), with confidence :math:`c_i = \max_k p_{ik}` and correctness
+    :math:`a_i = [\operatorname{argmax}_k p_{ik} = y_i]` (ties go to the first
+    maximal class, as ``np.argmax``):
+
+    .. math::
+
+        \mathrm{ECE}_p = \Big(\sum_{b} \frac{n_b}{N}
+        |\mathrm{acc}_b - \mathrm{conf}_b|^p\Big)^{1/p},
+        \quad \mathrm{acc}_b = \frac{1}{n_b}\sum_{i \in b} a_i,\
+        \mathrm{conf}_b = \frac{1}{n_b}\sum_{i \in b} c_i .
+
+    ``p=2`` takes the root after the weighted mean (RMSCE). Bin edges, the
+    side of an edge a confidence goes to, the bins of exactly 0 and 1.0 and
+    sparse-bin handling follow ``convention`` (``docs/metrics.md``). The
+    default puts 1.0 in the last bin and 0 in the first, bins ``[lo, hi)``,
+    and skips empty bins, so it never returns NaN.
+
+    Equal-width values read ``probs`` once (one max-reduction gives both
+    the confidence and the correctness) and scatter-add per row into
+    ``blocks x bins`` accumulators: one number, ``c_i - a_i``, for ``p=1``
+    (all an ECE needs when only empty bins are skipped), three (count,
+    confidence, correct; :class:`BinnedStats`) otherwise. ``binning=
+    'equal_mass'`` sorts the confidences (see :func:`adaptive_ece`).
+
+    Args:
+      probs: float ``[N, K]`` rows on the probability simplex (not logits).
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      num_bins: static int ``M >= 1``.
+      binning: ``'equal_width'`` or ``'equal_mass'``.
+      p: 1 or 2.
+      convention: preset name (``'calib_jax'``, ``'torchmetrics'``,
+        ``'netcal'``, ``'focal_calibration'``, ``'robustness_metrics'``) or a
+        :class:`~calib_jax.metrics.Convention`.
+      where: optional bool ``[N]``; ``False`` rows (padding) are excluded.
+
+    Returns:
+      float32 scalar; global-batch value under a data-sharded ``jax.jit``.
+
+    References:
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC,
+      Focal and Inverse Focal Loss", Def. 3.6.
+      [2] C. Guo et al., "On Calibration of Modern Neural Networks", ICML
+      2017, arXiv:1706.04599v2, Eq. (3).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> print(f"{float(metrics.ece(probs, labels, num_bins=5)):.3f}")
+      0.150
+    """
+    p = _validate.check_p(p)
+    return _top_label_error(probs, labels, where, num_bins, binning, convention, p)
+
+
+def rmsce(
+    probs: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    num_bins: int = 15,
+    binning: str = "equal_width",
+    convention: str | _binning.Convention = _binning.DEFAULT,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Root-mean-square calibration error, ``ece(..., p=2)``.
+
+    .. math::
+
+        \mathrm{RMSCE} = \Big(\sum_b \frac{n_b}{N}
+        (\mathrm{acc}_b - \mathrm{conf}_b)^2\Big)^{1/2}.
+
+    Args and Returns as :func:`ece`.
+
+    References:
+      [1] A. Kumar, P. Liang, T. Ma, "Verified Uncertainty Calibration",
+      NeurIPS 2019 (the l2 calibration error).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> print(f"{float(metrics.rmsce(probs, labels, num_bins=5)):.3f}")
+      0.150
+    """
+    return _top_label_error(probs, labels, where, num_bins, binning, convention, 2.0)
+
+
+def mce(
+    probs: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    num_bins: int = 15,
+    binning: str = "equal_width",
+    convention: str | _binning.Convention = _binning.DEFAULT,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Maximum calibration error: the largest gap over non-empty bins.
+
+    .. math::
+
+        \mathrm{MCE} = \max_{b:\, n_b \ge n_{\min}}
+        |\mathrm{acc}_b - \mathrm{conf}_b| ,
+
+    Eq. (5) of [1]; :math:`n_{\min}` is ``convention.min_count`` (1: empty
+    bins are skipped).
+
+    Args and Returns as :func:`ece`.
+
+    References:
+      [1] C. Guo et al., "On Calibration of Modern Neural Networks", ICML
+      2017, arXiv:1706.04599v2, Eq. (5).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> print(f"{float(metrics.mce(probs, labels, num_bins=5)):.3f}")
+      0.150
+    """
+    return _top_label_error(
+        probs, labels, where, num_bins, binning, convention, float("inf")
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _reliability_core(probs, labels, where, num_bins, binning, convention):
+    if binning == "equal_width":
+        stats = _stats._from_batch_impl(
+            probs, labels, where, num_bins, convention, False
+        )
+        return stats.reliability()
+    conf, correct = _common.top_label(probs, labels)
+    valid = _common.mask_or_ones(where, conf.shape[0])
+    count, sum_conf, sum_correct, _, lower, upper = _adaptive.equal_mass_stats(
+        conf, correct, valid, num_bins, convention.equal_mass
+    )
+    safe = jnp.maximum(count, 1).astype(jnp.float32)
+    return {
+        "count": count,
+        "confidence": sum_conf / safe,
+        "accuracy": sum_correct.astype(jnp.float32) / safe,
+        "lower": lower,
+        "upper": upper,
+    }
+
+
+def reliability_bins(
+    probs: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    num_bins: int = 15,
+    binning: str = "equal_width",
+    convention: str | _binning.Convention = _binning.DEFAULT,
+    where: jax.typing.ArrayLike | None = None,
+) -> dict[str, jax.Array]:
+    r"""Per-bin data of a reliability diagram.
+
+    Returns a dict of ``[S]`` arrays: ``count`` (int32 samples per bin),
+    ``confidence`` (mean top-label confidence), ``accuracy`` (fraction
+    correct), ``lower`` and ``upper`` (bin edges; for equal-mass bins the
+    smallest and largest confidence in the bin). Empty bins report 0 for
+    confidence and accuracy; mask them with ``count``. ``S = num_bins`` except
+    for ``convention='torchmetrics'``, whose extra bin ``[1, 1]`` holds the
+    confidences equal to 1.0.
+
+    Args as :func:`ece`.
+
+    References:
+      [1] C. Guo et al., "On Calibration of Modern Neural Networks", ICML
+      2017, arXiv:1706.04599v2, Sec. 2 (reliability diagrams).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> bins = metrics.reliability_bins(probs, labels, num_bins=5)
+      >>> print(bins["count"].tolist(), bins["accuracy"].tolist())
+      [0, 0, 0, 2, 2] [0.0, 0.0, 0.0, 0.5, 1.0]
+    """
+    m, conv = _options(num_bins, binning, convention)
+    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+    return _reliability_core(probs, labels, where, m, binning, conv)

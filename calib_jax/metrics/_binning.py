@@ -1,0 +1,243 @@
+r"""Binning conventions and equal-width bin assignment.
+
+A *convention* fixes every choice that makes two "15-bin ECE" numbers differ:
+which side of an edge a confidence on the edge goes to, where exactly 0 and
+1.0 go, how the edges are rounded, what happens to sparse bins, the
+equal-mass rule and where the square root of an l2 error is taken. The
+presets reproduce the documented rules of popular libraries; see
+``docs/metrics.md`` for the table.
+
+Edges are float32 numbers :math:`E_0 = 0 < E_1 < \dots < E_M = 1`:
+
+- ``'nearest'``: :math:`E_k` is the float32 nearest to :math:`k/M`, so a
+  confidence written as ``np.float32(k / M)`` lies exactly on edge ``k``;
+- ``'ceil64'``: :math:`E_k` is the smallest float32 not below the float64
+  ``np.linspace(0, 1, M + 1)[k]``, which makes a float32 comparison agree with
+  the float64 comparison a float64 edge array gives;
+- ``'floor'``: no edges; the bin is ``floor(float32(c * M))`` clipped to
+  ``[0, M - 1]`` (fixed-width histogram bins computed by multiplication).
+
+Plain ``floor(c * M)`` is not exact in general: for ``M = 22`` it puts
+``np.float32(13 / 22)`` in bin 12. Because ``float32(c * M)`` is monotone in
+``c``, whether it is exact for a given ``(edges, M)`` is decided by checking
+the two float32 neighbours of every edge; when it is (e.g. ``M = 5, 10, 15``
+with ``'nearest'`` edges) the bin is one multiplication, otherwise it is the
+number of edges below the confidence (``M`` fused comparisons).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+EDGE_RULES = ("nearest", "ceil64", "floor")
+EQUAL_MASS_RULES = ("rank", "interp", "quantile")
+# Above this many bins the edge count switches from M fused comparisons to a
+# binary search.
+_MAX_COMPARE_BINS = 48
+
+
+@dataclasses.dataclass(frozen=True)
+class Convention:
+    """How confidences are binned and how binned errors are combined.
+
+    Attributes:
+      name: preset name (free text for a custom convention).
+      edge_rule: ``'nearest'``, ``'ceil64'`` or ``'floor'`` (module docstring).
+      side: ``'left'`` for bins ``[E_k, E_{k+1})`` or ``'right'`` for
+        ``(E_k, E_{k+1}]``.
+      top: ``'last'`` puts a confidence of exactly 1.0 in bin ``M - 1``;
+        ``'extra'`` gives it a bin ``M`` of its own (``M + 1`` bins in all).
+      zero: with ``side='right'``, ``'first'`` puts exactly 0 in bin 0 and
+        ``'drop'`` leaves it out of every bin while still counting it in the
+        number of samples ``N``. Ignored for ``side='left'``.
+      min_count: bins holding fewer samples contribute no error (their samples
+        still count in ``N``); 1 means only empty bins are skipped.
+      equal_mass: equal-mass rule (``'rank'``, ``'interp'``, ``'quantile'``,
+        see ``_adaptive.py``) or None when the library has none.
+      l2_root: for class-averaged l2 errors, ``'after_mean'`` takes the root of
+        the class mean of squared errors, ``'per_class'`` averages per-class
+        roots.
+      library: the library whose rule this reproduces (documentation only).
+    """
+
+    name: str
+    edge_rule: str = "nearest"
+    side: str = "left"
+    top: str = "last"
+    zero: str = "first"
+    min_count: int = 1
+    equal_mass: str | None = "rank"
+    l2_root: str = "after_mean"
+    library: str = ""
+
+    def __post_init__(self):
+        checks = (
+            ("edge_rule", self.edge_rule, EDGE_RULES),
+            ("side", self.side, ("left", "right")),
+            ("top", self.top, ("last", "extra")),
+            ("zero", self.zero, ("first", "drop")),
+            ("equal_mass", self.equal_mass, EQUAL_MASS_RULES + (None,)),
+            ("l2_root", self.l2_root, ("after_mean", "per_class")),
+        )
+        for field, value, allowed in checks:
+            if value not in allowed:
+                raise ValueError(
+                    f"Convention.{field} must be one of {allowed}, got {value!r}."
+                )
+        if self.edge_rule == "floor" and (self.side, self.top) != ("left", "last"):
+            raise ValueError("edge_rule='floor' implies side='left' and top='last'.")
+        if self.side == "right" and self.top == "extra":
+            raise ValueError("top='extra' needs side='left' ([lo, hi) bins).")
+        if int(self.min_count) < 1:
+            raise ValueError(f"min_count must be >= 1, got {self.min_count}.")
+
+
+PRESETS: dict[str, Convention] = {
+    "calib_jax": Convention(name="calib_jax", library="calib_jax (default)"),
+    "torchmetrics": Convention(
+        name="torchmetrics",
+        top="extra",
+        equal_mass=None,
+        library="torchmetrics 1.x (MulticlassCalibrationError)",
+    ),
+    "netcal": Convention(
+        name="netcal",
+        edge_rule="ceil64",
+        equal_mass="quantile",
+        library="netcal 1.x (netcal.metrics.ECE, sample_threshold=1)",
+    ),
+    "focal_calibration": Convention(
+        name="focal_calibration",
+        side="right",
+        zero="drop",
+        equal_mass="interp",
+        library="ECELoss/AdaptiveECELoss/ClasswiseECELoss of the focal-loss, "
+        "MbLS and ACLS code",
+    ),
+    "robustness_metrics": Convention(
+        name="robustness_metrics",
+        edge_rule="floor",
+        equal_mass=None,
+        library="robustness_metrics 'ece' (tf.histogram_fixed_width_bins)",
+    ),
+}
+DEFAULT = "calib_jax"
+
+
+def get_convention(convention: str | Convention = DEFAULT) -> Convention:
+    """Returns the :class:`Convention` for a preset name (or passes one through).
+
+    Raises:
+      ValueError: unknown preset name; the message lists the known ones.
+    """
+    if isinstance(convention, Convention):
+        return convention
+    if isinstance(convention, str) and convention in PRESETS:
+        return PRESETS[convention]
+    raise ValueError(
+        f"Unknown binning convention {convention!r}; known presets: "
+        f"{', '.join(sorted(PRESETS))} (or pass a calib_jax.metrics.Convention)."
+    )
+
+
+def num_slots(convention: Convention, num_bins: int) -> int:
+    """Number of accumulators: ``M``, or ``M + 1`` with ``top='extra'``."""
+    return num_bins + (1 if convention.top == "extra" else 0)
+
+
+def edges(convention: Convention, num_bins: int) -> np.ndarray:
+    """The float32 edges ``E_0 .. E_M`` (``[M + 1]``) of a convention."""
+    m = int(num_bins)
+    if convention.edge_rule == "ceil64":
+        e64 = np.linspace(0.0, 1.0, m + 1)
+        e32 = e64.astype(np.float32)
+        low = e32.astype(np.float64) < e64
+        e32[low] = np.nextafter(e32[low], np.float32(np.inf))
+        return e32
+    # 'nearest' (also used to report the bins of 'floor').
+    return (np.arange(m + 1, dtype=np.float64) / m).astype(np.float32)
+
+
+def slot_edges(convention: Convention, num_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper edge of every accumulator (``[S]`` each, for plots)."""
+    e = edges(convention, num_bins)
+    lower, upper = e[:-1], e[1:]
+    if convention.top == "extra":
+        lower = np.append(lower, np.float32(1.0))
+        upper = np.append(upper, np.float32(1.0))
+    return lower, upper
+
+
+def _count_edges(conf: jax.Array, table: np.ndarray, strict: bool) -> jax.Array:
+    """Number of entries of the sorted ``table`` below (``<`` or ``<=``) ``conf``."""
+    if len(table) <= _MAX_COMPARE_BINS:
+        count = jnp.zeros(conf.shape, jnp.int32)
+        for value in table:
+            e = jnp.asarray(value, conf.dtype)
+            hit = (conf > e) if strict else (conf >= e)
+            count = count + hit.astype(jnp.int32)
+        return count
+    # Many bins: a binary search over the table.
+    side = "left" if strict else "right"
+    return jnp.searchsorted(jnp.asarray(table, conf.dtype), conf, side=side).astype(
+        jnp.int32
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _multiply_is_exact(edge_rule: str, side: str, num_bins: int) -> bool:
+    """True when ``floor(c*M)`` (left) / ``ceil(c*M) - 1`` (right) in float32
+    gives the edge-defined bin for every float32 ``c`` in [0, 1]."""
+    m = num_bins
+    e = edges(Convention(name="check", edge_rule=edge_rule), m)
+    scale = np.float32(m)
+    below = np.nextafter(e, np.float32(-1))
+    above = np.nextafter(e, np.float32(2))
+    with np.errstate(over="ignore"):
+        for k in range(1, m + 1):
+            if side == "left":
+                if np.floor(e[k] * scale) != k or np.floor(below[k] * scale) != k - 1:
+                    return False
+            elif k < m and (
+                np.ceil(e[k] * scale) - 1 != k - 1 or np.ceil(above[k] * scale) - 1 != k
+            ):
+                return False
+    return True
+
+
+def bin_index(conf: jax.Array, num_bins: int, convention: Convention) -> jax.Array:
+    """Equal-width bin of every confidence under a convention.
+
+    Args:
+      conf: float ``[...]`` confidences in [0, 1].
+      num_bins: static int ``M >= 1``.
+      convention: a :class:`Convention`.
+
+    Returns:
+      int32 ``[...]`` in ``[-1, S)`` where ``S = num_slots(convention, M)``;
+      ``-1`` marks a confidence that belongs to no bin (exactly 0 under
+      ``zero='drop'``).
+    """
+    m = int(num_bins)
+    if convention.edge_rule == "floor":
+        return jnp.clip(jnp.floor(conf * m).astype(jnp.int32), 0, m - 1)
+    if _multiply_is_exact(convention.edge_rule, convention.side, m):
+        scaled = conf * m
+        if convention.side == "left":
+            b = jnp.maximum(jnp.floor(scaled).astype(jnp.int32), 0)
+            return jnp.minimum(b, m if convention.top == "extra" else m - 1)
+        b = jnp.minimum(jnp.ceil(scaled).astype(jnp.int32) - 1, m - 1)
+        return jnp.maximum(b, 0 if convention.zero == "first" else -1)
+    e = edges(convention, m)
+    if convention.side == "left":
+        # [E_k, E_k+1): the number of edges E_1..E_M at or below conf.
+        b = _count_edges(conf, e[1:], strict=False)
+        return b if convention.top == "extra" else jnp.minimum(b, m - 1)
+    # (E_k, E_k+1]: the number of edges E_0..E_M-1 strictly below conf, minus 1.
+    b = _count_edges(conf, e[:-1], strict=True) - 1
+    return jnp.maximum(b, 0) if convention.zero == "first" else b

@@ -1,0 +1,267 @@
+r"""Class-wise and marginal calibration errors, and the debiased l2 ECE."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from calib_jax.metrics import (
+    _adaptive,
+    _binning,
+    _common,
+    _kernels,
+    _stats,
+    _validate,
+)
+from calib_jax.metrics._binned import BINNINGS
+
+
+def _per_class_equal_mass(probs, labels, valid, num_bins, rule):
+    """``[K, M]`` equal-mass statistics, one sort per class (vmapped)."""
+    probs = _common.as_float(probs)
+    k = probs.shape[1]
+    outcome = labels.astype(jnp.int32)[None, :] == jnp.arange(k)[:, None]
+
+    def one(conf, correct):
+        return _adaptive.equal_mass_stats(conf, correct, valid, num_bins, rule)[:4]
+
+    count, sum_conf, sum_correct, n = jax.vmap(one)(probs.T, outcome)
+    return count, sum_conf, sum_correct, n[0]
+
+
+def _class_stats(probs, labels, where, num_bins, binning, convention):
+    valid = _common.mask_or_ones(where, probs.shape[0])
+    if binning == "equal_width":
+        s = _stats._from_batch_impl(probs, labels, where, num_bins, convention, True)
+        return s.count, s.sum_conf, s.sum_correct, s.total
+    return _per_class_equal_mass(probs, labels, valid, num_bins, convention.equal_mass)
+
+
+def _debiased_square(count, sum_conf, sum_correct, total):
+    r"""Per-bin debiased squared error summed over the last axis (no root).
+
+    :math:`\sum_b \frac{n_b}{N}\big[(\bar c_b - \bar a_b)^2 -
+    \frac{\bar a_b(1 - \bar a_b)}{n_b - 1}\big]` over bins with
+    :math:`n_b \ge 2` (the debiased estimator of Kumar et al. 2019).
+    """
+    n_b = count.astype(jnp.float32)
+    keep = n_b >= 2
+    safe = jnp.where(keep, n_b, 2.0)
+    acc = sum_correct.astype(jnp.float32) / safe
+    gap = sum_conf.astype(jnp.float32) / safe - acc
+    term = gap * gap - acc * (1.0 - acc) / (safe - 1.0)
+    denom = jnp.maximum(jnp.asarray(total, jnp.float32), 1.0)
+    return jnp.sum(jnp.where(keep, n_b * term, 0.0), axis=-1) / denom
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7))
+def _classwise_core(probs, labels, where, num_bins, binning, convention, p, mode):
+    count, sum_conf, sum_correct, n = _class_stats(
+        probs, labels, where, num_bins, binning, convention
+    )
+    if mode == "debiased":
+        per_class = jnp.maximum(_debiased_square(count, sum_conf, sum_correct, n), 0.0)
+        return jnp.sqrt(jnp.mean(per_class))
+    if mode == "marginal":
+        convention = _binning.Convention(
+            name=convention.name, min_count=convention.min_count, l2_root="after_mean"
+        )
+    return _stats.classwise_error(count, sum_conf, sum_correct, n, p, convention)
+
+
+def _run(probs, labels, where, num_bins, binning, convention, p, mode):
+    conv = _binning.get_convention(convention)
+    m = _validate.check_num_bins(num_bins)
+    _validate.check_choice("binning", binning, BINNINGS)
+    if binning == "equal_mass":
+        _adaptive.check_equal_mass(conv)
+    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+    return _classwise_core(probs, labels, where, m, binning, conv, p, mode)
+
+
+def classwise_ece(
+    probs: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    num_bins: int = 15,
+    binning: str = "equal_width",
+    p: float = 1,
+    convention: str | _binning.Convention = _binning.DEFAULT,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Class-wise ECE: the class average of per-class binned errors.
+
+    Def. A.1 (Eq. (18)) of [1]: every probability :math:`p_{ic}` is binned
+    in the histogram of class :math:`c` and compared with the outcome
+    :math:`[y_i = c]`,
+
+    .. math::
+
+        \widehat{\mathrm{cwECE}}_B = \frac{1}{K}\sum_{c=1}^{K}\frac{1}{N}
+        \sum_{b} n_{c,b}\,|\mathrm{acc}_{c,b} - \mathrm{conf}_{c,b}|,
+
+    with :math:`N` the number of samples (the same for every class). ``p=2``
+    gives the l2 version of Def. 3.7 of [1]; ``convention.l2_root`` chooses
+    the root of the class mean (``'after_mean'``, Def. 3.7) or the mean of
+    per-class roots (``'per_class'``). Equal-width statistics are
+    :class:`BinnedStats` with ``classwise=True`` (mergeable); equal-mass bins
+    sort each class's probabilities.
+
+    Args:
+      probs: float ``[N, K]`` rows on the probability simplex.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      num_bins: static int ``M >= 1`` (per class).
+      binning: ``'equal_width'`` or ``'equal_mass'``.
+      p: 1 or 2.
+      convention: preset name or :class:`~calib_jax.metrics.Convention`.
+      where: optional bool ``[N]``; ``False`` rows are excluded.
+
+    Returns:
+      float32 scalar.
+
+    References:
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC,
+      Focal and Inverse Focal Loss", Def. 3.7 and Def. A.1 (Eq. (18)).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> print(f"{float(metrics.classwise_ece(probs, labels, num_bins=5)):.3f}")
+      0.300
+    """
+    p = _validate.check_p(p)
+    return _run(probs, labels, where, num_bins, binning, convention, p, "classwise")
+
+
+def marginal_ece(
+    probs: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    num_bins: int = 15,
+    binning: str = "equal_mass",
+    p: float = 2,
+    debias: bool = False,
+    convention: str | _binning.Convention = _binning.DEFAULT,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Marginal calibration error of Kumar et al. (2019), l2 by default.
+
+    .. math::
+
+        \mathrm{MCE}_p = \Big(\frac{1}{K}\sum_{c=1}^{K}\sum_b \frac{n_{c,b}}{N}
+        |\mathrm{acc}_{c,b} - \mathrm{conf}_{c,b}|^p\Big)^{1/p},
+
+    the marginal calibration error of [1], estimated with ``num_bins``
+    equal-mass bins per class (the ``'rank'`` rule partitions the sorted
+    probabilities as ``np.array_split``, as [1]'s library does). The root is
+    taken after the class mean. With ``debias=True`` (``p=2`` only) each
+    class's squared error is the debiased estimate of [1], clamped
+    at 0, before the mean.
+
+    Args:
+      probs: float ``[N, K]`` rows on the probability simplex.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      num_bins: static int ``M >= 1`` (per class).
+      binning: ``'equal_mass'`` (default) or ``'equal_width'``.
+      p: 1 or 2.
+      debias: static bool, debiased l2 estimate.
+      convention: preset name or :class:`~calib_jax.metrics.Convention`.
+      where: optional bool ``[N]``; ``False`` rows are excluded.
+
+    Returns:
+      float32 scalar.
+
+    References:
+      [1] A. Kumar, P. Liang, T. Ma, "Verified Uncertainty Calibration",
+      NeurIPS 2019 (marginal calibration error; debiased l2 estimator).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> print(f"{float(metrics.marginal_ece(probs, labels, num_bins=2)):.3f}")
+      0.250
+    """
+    p = _validate.check_p(p)
+    if debias and p != 2:
+        raise ValueError("debias=True needs p=2 (the debiased estimate is l2).")
+    mode = "debiased" if debias else "marginal"
+    return _run(probs, labels, where, num_bins, binning, convention, p, mode)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _debiased_core(probs, labels, where, num_bins, binning, convention):
+    conf, correct = _common.top_label(probs, labels)
+    valid = _common.mask_or_ones(where, conf.shape[0])
+    if binning == "equal_width":
+        bins = _binning.bin_index(conf, num_bins, convention)
+        slots = _binning.num_slots(convention, num_bins)
+        count, sum_conf, sum_correct = _kernels.accumulate_top_label(
+            conf, correct, bins, valid, slots
+        )
+        n = jnp.sum(valid.astype(jnp.int32))
+    else:
+        count, sum_conf, sum_correct, n, _, _ = _adaptive.equal_mass_stats(
+            conf, correct, valid, num_bins, convention.equal_mass
+        )
+    square = _debiased_square(count, sum_conf, sum_correct, n)
+    return jnp.sqrt(jnp.maximum(square, 0.0))
+
+
+def debiased_ece(
+    probs: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    num_bins: int = 15,
+    binning: str = "equal_mass",
+    convention: str | _binning.Convention = _binning.DEFAULT,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Debiased top-label l2 calibration error (Kumar et al. 2019).
+
+    .. math::
+
+        \widehat{\mathrm{CE}}^2 = \sum_{b:\,n_b \ge 2} \frac{n_b}{N}\Big[
+        (\mathrm{conf}_b - \mathrm{acc}_b)^2 - \frac{\mathrm{acc}_b
+        (1 - \mathrm{acc}_b)}{n_b - 1}\Big],
+        \qquad \mathrm{result} = \sqrt{\max(\widehat{\mathrm{CE}}^2, 0)} .
+
+    Subtracting the binomial variance of each bin's accuracy removes the
+    upward bias of the plug-in squared error ([1]); bins with one
+    sample contribute nothing.
+
+    Args:
+      probs: float ``[N, K]`` rows on the probability simplex.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      num_bins: static int ``M >= 1``.
+      binning: ``'equal_mass'`` (default, as [1]) or ``'equal_width'``.
+      convention: preset name or :class:`~calib_jax.metrics.Convention`.
+      where: optional bool ``[N]``; ``False`` rows are excluded.
+
+    Returns:
+      float32 scalar.
+
+    References:
+      [1] A. Kumar, P. Liang, T. Ma, "Verified Uncertainty Calibration",
+      NeurIPS 2019 (debiased l2 estimator).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> print(f"{float(metrics.debiased_ece(probs, labels, num_bins=2)):.3f}")
+      0.000
+    """
+    conv = _binning.get_convention(convention)
+    m = _validate.check_num_bins(num_bins)
+    _validate.check_choice("binning", binning, BINNINGS)
+    if binning == "equal_mass":
+        _adaptive.check_equal_mass(conv)
+    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+    return _debiased_core(probs, labels, where, m, binning, conv)

@@ -1,0 +1,179 @@
+r"""Shared pieces of the metric cores: top-label extraction and binned errors.
+
+Everything here is jittable and does no value checks.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+# The top label is found with one max-reduction over packed uint32 keys in
+# rows of at most this many classes (XLA:CPU vectorises those well); wider
+# rows are viewed as [N * K / g, g] blocks with g the largest divisor of K in
+# [_MIN_GROUP, _MAX_GROUP], then the block maxima are reduced.
+_MAX_GROUP = 32
+_MIN_GROUP = 8
+
+
+def as_float(x: jax.Array) -> jax.Array:
+    """Upcasts bf16/fp16 to float32 (float64 stays float64)."""
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def _group_size(k: int) -> int | None:
+    if k <= _MAX_GROUP:
+        return k
+    for g in range(_MAX_GROUP, _MIN_GROUP - 1, -1):
+        if k % g == 0:
+            return g
+    return None
+
+
+def _packed_max(probs, labels, offset):
+    """Row max of ``4 * bits(p) + 2 * [k < y] + [k == y]`` as uint32."""
+    bits = lax.bitcast_convert_type(probs, jnp.uint32)
+    k = lax.broadcasted_iota(jnp.int32, probs.shape, 1)
+    if offset is not None:
+        k = k + offset[:, None]
+    y = labels[:, None]
+    flags = 2 * (k < y).astype(jnp.uint32) + (k == y).astype(jnp.uint32)
+    return jnp.max(bits * 4 + flags, axis=1)
+
+
+def top_label(probs: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+    r"""Top-label confidence and correctness in one pass over ``probs``.
+
+    .. math::
+
+        c_i = \max_k p_{ik}, \qquad a_i = [\,\hat y_i = y_i\,],\quad
+        \hat y_i = \min\{k : p_{ik} = c_i\},
+
+    i.e. the prediction is ``argmax`` with ties going to the first class, as
+    in NumPy, PyTorch and TensorFlow.
+
+    For float32 both come from one max-reduction over the uint32 keys
+    ``4 * bits(p_ik) + 2 * [k < y_i] + [k = y_i]``. For ``0 <= p < 2`` the bit
+    pattern is monotone in ``p`` and ``4 * bits`` fits in 32 bits, so the
+    largest key holds :math:`c_i` (``key >> 2``); among entries equal to
+    :math:`c_i` it is the one with the largest flag, which is 1 exactly when
+    the label is the first maximal class. Rows wider than 32 classes are
+    reduced in blocks of a divisor of K (fast path); other widths and
+    float64 use ``jnp.argmax``.
+
+    Args:
+      probs: float ``[N, K]`` with entries in [0, 1].
+      labels: int ``[N]``.
+
+    Returns:
+      ``(conf, correct)``: float ``[N]`` and bool ``[N]``.
+    """
+    probs = as_float(probs)
+    labels = labels.astype(jnp.int32)
+    n, k = probs.shape
+    group = _group_size(k) if probs.dtype == jnp.float32 else None
+    if group is None:
+        conf = jnp.max(probs, axis=1)
+        return conf, jnp.argmax(probs, axis=1).astype(jnp.int32) == labels
+    if group == k:
+        key = _packed_max(probs, labels, None)
+    else:
+        blocks = k // group
+        sub = probs.reshape(n * blocks, group)
+        # Broadcasts (not repeat/tile) so XLA fuses them into the reduction.
+        shape = (n, blocks)
+        offset = jnp.broadcast_to(jnp.arange(blocks, dtype=jnp.int32) * group, shape)
+        sub_labels = jnp.broadcast_to(labels[:, None], shape)
+        key = _packed_max(sub, sub_labels.reshape(-1), offset.reshape(-1))
+        key = jnp.max(key.reshape(shape), axis=1)
+    conf = lax.bitcast_convert_type(key >> 2, jnp.float32)
+    return conf, (key & 3) == 1
+
+
+def sort_key(conf: jax.Array, flag: jax.Array, valid: jax.Array) -> jax.Array:
+    """int32 keys ``2 * bits(conf) + flag`` that sort like ``conf`` (then flag).
+
+    For ``0 <= conf < 2`` the float32 bit pattern is monotone and the key fits
+    in int32; excluded rows get the largest key. XLA:CPU sorts a single int32
+    array several times faster than float keys with a payload.
+    """
+    bits = lax.bitcast_convert_type(conf.astype(jnp.float32) + 0.0, jnp.int32)
+    key = bits * 2 + flag.astype(jnp.int32)
+    return jnp.where(valid, key, jnp.iinfo(jnp.int32).max)
+
+
+def unpack_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Inverse of :func:`sort_key`: ``(conf, flag)``."""
+    return lax.bitcast_convert_type(key >> 1, jnp.float32), key & 1
+
+
+def sortable_int(x: jax.Array) -> jax.Array:
+    """int32 keys ordered like the (non-NaN) float32 values ``x``."""
+    bits = lax.bitcast_convert_type(x.astype(jnp.float32) + 0.0, jnp.int32)
+    return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+
+
+def label_prob(probs: jax.Array, labels: jax.Array) -> jax.Array:
+    """``probs[i, labels[i]]`` as float ``[N]``."""
+    labels = labels.astype(jnp.int32)
+    return jnp.take_along_axis(as_float(probs), labels[:, None], axis=1)[:, 0]
+
+
+def mask_or_ones(where: jax.Array | None, n: int) -> jax.Array:
+    """The bool ``[N]`` mask of included rows (all True for None)."""
+    if where is None:
+        return jnp.ones((n,), bool)
+    return jnp.asarray(where, bool)
+
+
+def binned_error(
+    count: jax.Array,
+    sum_conf: jax.Array,
+    sum_correct: jax.Array,
+    total: jax.Array,
+    *,
+    p: float,
+    min_count: int = 1,
+) -> jax.Array:
+    r"""Calibration error from per-bin sums, reduced over the last axis.
+
+    .. math::
+
+        \mathrm{CE}_1 = \sum_b \frac{|S^c_b - S^a_b|}{N},\quad
+        \mathrm{CE}_2 = \Big(\sum_b \frac{(S^c_b - S^a_b)^2}{n_b N}\Big)^{1/2},
+        \quad
+        \mathrm{CE}_\infty = \max_b \frac{|S^c_b - S^a_b|}{n_b},
+
+    with :math:`S^c_b, S^a_b` the sums of confidences and of correct
+    indicators in bin :math:`b`, i.e. :math:`\frac{n_b}{N}|\mathrm{acc}_b -
+    \mathrm{conf}_b|` summed. Bins with fewer than ``min_count`` samples
+    contribute nothing (empty bins never give NaN).
+
+    Args:
+      count, sum_conf, sum_correct: ``[..., S]`` per-bin statistics.
+      total: number of samples ``N`` (scalar or broadcastable to ``[...]``).
+      p: 1, 2 or ``inf``.
+      min_count: static int, bins below it are skipped.
+
+    Returns:
+      float32 ``[...]`` (for ``p = 2`` after the square root).
+    """
+    count = count.astype(jnp.float32)
+    gap = sum_conf.astype(jnp.float32) - sum_correct.astype(jnp.float32)
+    keep = count >= max(int(min_count), 1)
+    safe_count = jnp.where(keep, count, 1.0)
+    denom = jnp.maximum(jnp.asarray(total, jnp.float32), 1.0)
+    if p == 1:
+        return jnp.sum(jnp.where(keep, jnp.abs(gap), 0.0), axis=-1) / denom
+    if p == 2:
+        return jnp.sqrt(squared_error(count, gap, keep, denom))
+    if p == float("inf"):
+        return jnp.max(jnp.where(keep, jnp.abs(gap) / safe_count, 0.0), axis=-1)
+    raise ValueError(f"p must be 1, 2 or inf, got {p!r}.")
+
+
+def squared_error(count, gap, keep, denom) -> jax.Array:
+    """``sum_b (n_b / N) (acc_b - conf_b)^2`` over the last axis (no root)."""
+    safe_count = jnp.where(keep, count, 1.0)
+    return jnp.sum(jnp.where(keep, gap * gap / safe_count, 0.0), axis=-1) / denom

@@ -1,0 +1,159 @@
+r"""Selective classification: AURC and E-AURC of the top-label confidence.
+
+Sort-based: collect (probs, labels) of a split once and call these on it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.scipy.special import digamma
+
+from calib_jax.metrics import _common, _validate
+
+OPTIMA = ("exact", "geifman")
+
+
+def _position_weights(n, size, dtype):
+    r"""``alpha_j = (H_n - H_{j-1}) / n`` for 1-based positions ``j <= n``.
+
+    Written with the digamma function, :math:`H_n - H_{j-1} = \psi(n + 1) -
+    \psi(j)`, which avoids a long float32 cumulative sum.
+    """
+    pos = lax.iota(jnp.int32, size) + 1
+    nf = jnp.maximum(n, 1).astype(dtype)
+    alpha = (digamma(nf + 1.0) - digamma(pos.astype(dtype))) / nf
+    return jnp.where(pos <= n, alpha, 0.0)
+
+
+@jax.jit
+def _aurc_core(probs, labels, where):
+    conf, correct = _common.top_label(probs, labels)
+    size = conf.shape[0]
+    valid = _common.mask_or_ones(where, size)
+    n = jnp.sum(valid.astype(jnp.int32))
+    # Ascending int keys, excluded rows last; reversed below for descending
+    # confidence. The order inside a group of ties does not matter.
+    key = jnp.sort(_common.sort_key(conf, ~correct, valid))
+    key = jnp.roll(key[::-1], n)  # descending valid keys first, excluded last
+    s, err = _common.unpack_key(key)
+    alpha = _position_weights(n, size, conf.dtype)
+    # Tied confidences: every member gets the mean weight of the group's
+    # positions (the expectation over orderings of the ties).
+    new = jnp.concatenate([jnp.ones((1,), bool), s[1:] != s[:-1]])
+    group = jnp.cumsum(new.astype(jnp.int32)) - 1
+    group_sum = jax.ops.segment_sum(alpha, group, size)
+    group_len = jax.ops.segment_sum(jnp.ones_like(alpha), group, size)
+    weight = (group_sum / jnp.maximum(group_len, 1.0))[group]
+    aurc = jnp.sum(jnp.where(lax.iota(jnp.int32, size) < n, weight * err, 0.0))
+    return aurc, alpha, jnp.sum(err * (lax.iota(jnp.int32, size) < n)), n
+
+
+def aurc(
+    probs: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Area under the risk-coverage curve of the top-label confidence.
+
+    Rows sorted by decreasing confidence :math:`c_{(1)} \ge \dots \ge
+    c_{(N)}`, with 0/1 error :math:`e_{(j)}` of the top-label prediction:
+
+    .. math::
+
+        \mathrm{AURC} = \frac{1}{N}\sum_{k=1}^{N}\frac{1}{k}\sum_{j=1}^{k}
+        e_{(j)} = \sum_{j=1}^{N} e_{(j)}\,\frac{H_N - H_{j-1}}{N},
+
+    the empirical risk-coverage area of [2]; the reweighted-risk form is
+    Def. 3.3 of [1]. Tied confidences get the mean weight of the positions
+    they occupy (the expected AURC over orderings of the ties), so the value
+    does not depend on the row order.
+
+    Args:
+      probs: float ``[N, K]`` rows on the probability simplex.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      where: optional bool ``[N]``; ``False`` rows are excluded.
+
+    Returns:
+      float32 scalar in [0, 1].
+
+    References:
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC,
+      Focal and Inverse Focal Loss", Def. 3.3.
+      [2] Y. Geifman, G. Uziel, R. El-Yaniv, "Bias-Reduced Uncertainty
+      Estimation for Deep Neural Classifiers", ICLR 2019 (AURC, E-AURC).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> print(f"{float(metrics.aurc(probs, labels)):.4f}")
+      0.1458
+    """
+    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+    return _aurc_core(probs, labels, where)[0]
+
+
+@functools.partial(jax.jit, static_argnums=(3,))
+def _eaurc_core(probs, labels, where, optimum):
+    value, alpha, errors, n = _aurc_core(probs, labels, where)
+    if optimum == "exact":
+        pos = lax.iota(jnp.int32, alpha.shape[0])
+        best = jnp.sum(jnp.where(pos >= n - errors, alpha, 0.0))
+    else:
+        r = errors.astype(jnp.float32) / jnp.maximum(n, 1).astype(jnp.float32)
+        rest = jnp.maximum(1.0 - r, 1e-30)
+        best = r + jnp.where(r < 1.0, rest * jnp.log(rest), 0.0)
+    return value - best
+
+
+def eaurc(
+    probs: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    optimum: str = "exact",
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Excess AURC: AURC minus the AURC of an oracle ranking.
+
+    .. math::
+
+        \mathrm{E\text{-}AURC} = \mathrm{AURC} - \mathrm{AURC}^*,
+
+    where the oracle ranks every correct prediction above every error
+    ([1]). ``optimum='exact'`` uses the same discrete estimator
+    as :func:`aurc` with the :math:`m` errors in the last positions,
+    :math:`\mathrm{AURC}^* = \sum_{j > N - m} (H_N - H_{j-1})/N`, so
+    E-AURC >= 0 exactly; ``'geifman'`` uses the closed form
+    :math:`\hat r + (1 - \hat r)\ln(1 - \hat r)` of [1] with error rate
+    :math:`\hat r = m/N`, which differs by :math:`O(\log N / N)`.
+
+    Args:
+      probs: float ``[N, K]`` rows on the probability simplex.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      optimum: ``'exact'`` or ``'geifman'``.
+      where: optional bool ``[N]``; ``False`` rows are excluded.
+
+    Returns:
+      float32 scalar.
+
+    References:
+      [1] Y. Geifman, G. Uziel, R. El-Yaniv, "Bias-Reduced Uncertainty
+      Estimation for Deep Neural Classifiers", ICLR 2019 (AURC, E-AURC).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> print(f"{float(metrics.eaurc(probs, labels)):.4f}")
+      0.0833
+    """
+    _validate.check_choice("optimum", optimum, OPTIMA)
+    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+    return _eaurc_core(probs, labels, where, optimum)

@@ -1,0 +1,291 @@
+r"""Mergeable binned sufficient statistics: :class:`BinnedStats`.
+
+Per bin (and per class for the class-wise variant) the statistics are the
+number of samples, the sum of confidences and the number of correct
+predictions, plus the number of samples ``N``. They add across batches and
+devices, and the calibration error is computed once from the sums, so a
+split evaluated in batches gives the value of the whole split with
+``O(bins * K)`` state. Counts are int32 and exact; the confidence sums are
+float32 (summed per block of 2048 rows, then across blocks), so a merged
+value equals the one-shot value up to float32 summation order (~1e-7
+relative).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from calib_jax.metrics import _binning, _common, _kernels, _validate
+from calib_jax.metrics._binning import Convention
+
+
+@struct.dataclass
+class BinnedStats:
+    r"""Per-bin sufficient statistics of equal-width binned calibration errors.
+
+    Build one per batch with :meth:`from_batch`, combine with :meth:`merge`
+    (or ``+``), and call :meth:`compute` once at the end. All arrays are
+    plain sums, so under a data-sharded ``jax.jit`` the statistics of a
+    global batch span every device.
+
+    Attributes:
+      count: int32 ``[S]`` (``[K, S]`` class-wise) samples per bin.
+      sum_conf: float ``[S]`` / ``[K, S]`` sum of confidences per bin.
+      sum_correct: int32 ``[S]`` / ``[K, S]`` correct predictions per bin
+        (class-wise: samples whose label is the class).
+      total: int32 scalar, number of included samples ``N`` (also those a
+        convention drops from every bin).
+      num_bins: static ``M``; ``S = M`` or ``M + 1`` (``top='extra'``).
+      convention: static :class:`~calib_jax.metrics.Convention`.
+      classwise: static, True for the per-class statistics.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax.metrics import BinnedStats
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> a = BinnedStats.from_batch(probs[:2], labels[:2], num_bins=5)
+      >>> b = BinnedStats.from_batch(probs[2:], labels[2:], num_bins=5)
+      >>> print(f"{float(a.merge(b).compute()):.3f}")
+      0.150
+    """
+
+    count: jax.Array
+    sum_conf: jax.Array
+    sum_correct: jax.Array
+    total: jax.Array
+    num_bins: int = struct.field(pytree_node=False, default=15)
+    convention: Convention = struct.field(
+        pytree_node=False, default=_binning.PRESETS[_binning.DEFAULT]
+    )
+    classwise: bool = struct.field(pytree_node=False, default=False)
+
+    @classmethod
+    def empty(
+        cls,
+        num_bins: int = 15,
+        *,
+        convention: str | Convention = _binning.DEFAULT,
+        num_classes: int | None = None,
+    ) -> BinnedStats:
+        """All-zero statistics (the identity of :meth:`merge`).
+
+        Args:
+          num_bins: static ``M``.
+          convention: preset name or :class:`Convention`.
+          num_classes: ``K`` for class-wise statistics, None for top-label.
+        """
+        conv = _binning.get_convention(convention)
+        m = _validate.check_num_bins(num_bins)
+        shape = (_binning.num_slots(conv, m),)
+        if num_classes is not None:
+            shape = (int(num_classes),) + shape
+        zeros = jnp.zeros(shape, jnp.int32)
+        return cls(
+            count=zeros,
+            sum_conf=jnp.zeros(shape, jnp.float32),
+            sum_correct=zeros,
+            total=jnp.zeros((), jnp.int32),
+            num_bins=m,
+            convention=conv,
+            classwise=num_classes is not None,
+        )
+
+    @classmethod
+    def from_batch(
+        cls,
+        probs: jax.typing.ArrayLike,
+        labels: jax.typing.ArrayLike,
+        *,
+        num_bins: int = 15,
+        convention: str | Convention = _binning.DEFAULT,
+        classwise: bool = False,
+        where: jax.typing.ArrayLike | None = None,
+    ) -> BinnedStats:
+        r"""Statistics of one batch of probabilities ``[N, K]`` and labels ``[N]``.
+
+        Top-label: the confidence is :math:`\max_k p_{ik}` and the sample is
+        correct when its label is the argmax (first maximal class on ties). Class-wise:
+        every entry :math:`p_{ik}` is binned in the histogram of class ``k``
+        with outcome :math:`[y_i = k]`.
+
+        Args:
+          probs: float ``[N, K]`` rows on the probability simplex.
+          labels: int ``[N]`` class ids in ``[0, K)``.
+          num_bins: static int ``M >= 1``.
+          convention: preset name or :class:`Convention`.
+          classwise: static; per-class statistics ``[K, S]`` when True.
+          where: optional bool ``[N]``; ``False`` rows are left out entirely.
+
+        Returns:
+          A :class:`BinnedStats`.
+        """
+        conv = _binning.get_convention(convention)
+        m = _validate.check_num_bins(num_bins)
+        probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+        return _from_batch(probs, labels, where, m, conv, bool(classwise))
+
+    @classmethod
+    def from_confidences(
+        cls,
+        confidences: jax.typing.ArrayLike,
+        correct: jax.typing.ArrayLike,
+        *,
+        num_bins: int = 15,
+        convention: str | Convention = _binning.DEFAULT,
+        where: jax.typing.ArrayLike | None = None,
+    ) -> BinnedStats:
+        """Top-label statistics from confidences ``[N]`` in [0, 1] and outcomes.
+
+        Use it for binary problems scored by one probability, or for any
+        precomputed confidence. ``correct`` is bool or 0/1 ``[N]``.
+        """
+        conv = _binning.get_convention(convention)
+        m = _validate.check_num_bins(num_bins)
+        conf, where = _validate.check_scores(confidences, where, name="confidences")
+        correct = jnp.asarray(correct)
+        if correct.shape != conf.shape:
+            raise ValueError(
+                f"correct must have shape {conf.shape}, got {correct.shape}."
+            )
+        if _validate.is_concrete(conf) and (
+            float(jnp.min(conf)) < 0.0 or float(jnp.max(conf)) > 1.0
+        ):
+            raise ValueError("confidences must lie in [0, 1].")
+        return _from_confidences(conf, correct.astype(bool), where, m, conv)
+
+    def merge(self, other: BinnedStats) -> BinnedStats:
+        """Sum of two statistics with the same bins, convention and kind."""
+        same = (self.num_bins, self.convention, self.classwise) == (
+            other.num_bins,
+            other.convention,
+            other.classwise,
+        )
+        if not same or self.count.shape != other.count.shape:
+            raise ValueError(
+                "cannot merge BinnedStats with different num_bins, convention, "
+                f"kind or shape: {self.num_bins}/{self.convention.name}/"
+                f"{self.count.shape} vs {other.num_bins}/{other.convention.name}/"
+                f"{other.count.shape}."
+            )
+        return self.replace(
+            count=self.count + other.count,
+            sum_conf=self.sum_conf + other.sum_conf,
+            sum_correct=self.sum_correct + other.sum_correct,
+            total=self.total + other.total,
+        )
+
+    __add__ = merge
+
+    def compute(self, p: float = 1) -> jax.Array:
+        r"""The calibration error of the accumulated samples.
+
+        Top-label: ECE (``p=1``), RMSCE (``p=2``) or MCE (``p=inf``), see
+        :func:`calib_jax.metrics.ece`. Class-wise: the class average of
+        Def. A.1 of [1] (``p=1``) or its l2 version (``p=2``, root placed by
+        ``convention.l2_root``), see :func:`calib_jax.metrics.classwise_ece`.
+
+        References:
+          [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration:
+          AURC, Focal and Inverse Focal Loss", Def. A.1.
+        """
+        allowed = (1, 2) if self.classwise else (1, 2, float("inf"))
+        p = _validate.check_p(p, allowed)
+        return _compute(self, p)
+
+    def reliability(self) -> dict[str, jax.Array]:
+        """Per-bin ``count``, mean ``confidence``, ``accuracy``, ``lower``, ``upper``.
+
+        Empty bins report 0 confidence and accuracy; mask them with ``count``.
+        """
+        lower, upper = _binning.slot_edges(self.convention, self.num_bins)
+        safe = jnp.maximum(self.count, 1).astype(jnp.float32)
+        return {
+            "count": self.count,
+            "confidence": self.sum_conf / safe,
+            "accuracy": self.sum_correct.astype(jnp.float32) / safe,
+            "lower": jnp.asarray(lower),
+            "upper": jnp.asarray(upper),
+        }
+
+
+def _compute(stats: BinnedStats, p: float) -> jax.Array:
+    conv = stats.convention
+    if not stats.classwise:
+        return _common.binned_error(
+            stats.count,
+            stats.sum_conf,
+            stats.sum_correct,
+            stats.total,
+            p=p,
+            min_count=conv.min_count,
+        )
+    return classwise_error(
+        stats.count, stats.sum_conf, stats.sum_correct, stats.total, p, conv
+    )
+
+
+def classwise_error(count, sum_conf, sum_correct, total, p, convention):
+    """Class mean of per-class binned errors ``[K, S] -> scalar``."""
+    if p == 1 or convention.l2_root == "per_class":
+        per_class = _common.binned_error(
+            count, sum_conf, sum_correct, total, p=p, min_count=convention.min_count
+        )
+        return jnp.mean(per_class)
+    count = count.astype(jnp.float32)
+    gap = sum_conf.astype(jnp.float32) - sum_correct.astype(jnp.float32)
+    keep = count >= convention.min_count
+    denom = jnp.maximum(jnp.asarray(total, jnp.float32), 1.0)
+    return jnp.sqrt(jnp.mean(_common.squared_error(count, gap, keep, denom)))
+
+
+def _from_batch_impl(probs, labels, where, num_bins, convention, classwise):
+    n = probs.shape[0]
+    valid = _common.mask_or_ones(where, n)
+    total = jnp.sum(valid.astype(jnp.int32))
+    if classwise:
+        probs = _common.as_float(probs)
+        count, sum_conf, n_correct = _kernels.accumulate_classwise(
+            probs, labels, valid, num_bins, convention
+        )
+    else:
+        conf, correct = _common.top_label(probs, labels)
+        bins = _binning.bin_index(conf, num_bins, convention)
+        slots = _binning.num_slots(convention, num_bins)
+        count, sum_conf, n_correct = _kernels.accumulate_top_label(
+            conf, correct, bins, valid, slots
+        )
+    return BinnedStats(
+        count=count,
+        sum_conf=sum_conf,
+        sum_correct=n_correct,
+        total=total,
+        num_bins=num_bins,
+        convention=convention,
+        classwise=classwise,
+    )
+
+
+def _from_confidences_impl(conf, correct, where, num_bins, convention):
+    conf = _common.as_float(conf)
+    valid = _common.mask_or_ones(where, conf.shape[0])
+    bins = _binning.bin_index(conf, num_bins, convention)
+    slots = _binning.num_slots(convention, num_bins)
+    count, sum_conf, n_correct = _kernels.accumulate_top_label(
+        conf, correct, bins, valid, slots
+    )
+    return BinnedStats(
+        count=count,
+        sum_conf=sum_conf,
+        sum_correct=n_correct,
+        total=jnp.sum(valid.astype(jnp.int32)),
+        num_bins=num_bins,
+        convention=convention,
+        classwise=False,
+    )
+
+
+_from_batch = jax.jit(_from_batch_impl, static_argnums=(3, 4, 5))
+_from_confidences = jax.jit(_from_confidences_impl, static_argnums=(3, 4))

@@ -1,0 +1,298 @@
+"""Float64 NumPy references of the metrics, written as explicit loops.
+
+Independent of calib_jax (no JAX import): each function restates a metric's
+documented rule in the most literal way, so the tests compare two
+implementations of the same rule rather than one with itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+import fractions
+import math
+
+import numpy as np
+
+PRESET_RULES = {
+    # name: (edges, side, top, zero, equal_mass)
+    "calib_jax": ("nearest", "left", "last", "first", "rank"),
+    "torchmetrics": ("nearest", "left", "extra", "first", None),
+    "netcal": ("float64", "left", "last", "first", "quantile"),
+    "focal_calibration": ("nearest", "right", "last", "drop", "interp"),
+    "robustness_metrics": ("floor", "left", "last", "first", None),
+}
+
+
+def top_label(probs, labels):
+    """(confidence, correct); the prediction is the first maximal class."""
+    probs = np.asarray(probs, np.float64)
+    conf = np.empty(len(probs))
+    correct = np.empty(len(probs), bool)
+    for i, row in enumerate(probs):
+        conf[i] = max(row)
+        pred = next(k for k in range(len(row)) if row[k] == conf[i])
+        correct[i] = pred == int(labels[i])
+    return conf, correct
+
+
+def edges(m, kind):
+    """Bin edges E_0..E_M as float64 numbers."""
+    if kind == "float64":
+        return [float(x) for x in np.linspace(0.0, 1.0, m + 1)]
+    return [float(np.float32(k / m)) for k in range(m + 1)]
+
+
+def bin_of(c, m, preset):
+    """Equal-width bin of one confidence; None when it is in no bin."""
+    kind, side, top, zero, _ = PRESET_RULES[preset]
+    if kind == "floor":
+        return min(max(math.floor(np.float32(c) * np.float32(m)), 0), m - 1)
+    e = edges(m, kind)
+    if side == "left":
+        slots = m + 1 if top == "extra" else m
+        b = 0
+        for k in range(slots):
+            if c >= e[k]:
+                b = k
+        return b
+    if c == 0.0:
+        return None if zero == "drop" else 0
+    for k in range(m):
+        if e[k] < c <= e[k + 1]:
+            return k
+    raise AssertionError(c)
+
+
+def num_slots(m, preset):
+    return m + 1 if PRESET_RULES[preset][2] == "extra" else m
+
+
+def _error_from_bins(members, conf, correct, n_total, p, min_count=1):
+    """members: list of index lists per bin."""
+    gaps, weights = [], []
+    for idx in members:
+        if len(idx) < max(min_count, 1):
+            continue
+        acc = sum(correct[i] for i in idx) / len(idx)
+        avg = sum(conf[i] for i in idx) / len(idx)
+        gaps.append(abs(acc - avg))
+        weights.append(len(idx) / n_total)
+    if p == "inf":
+        return max(gaps, default=0.0)
+    total = sum(w * g**p for w, g in zip(weights, gaps))
+    return total ** (1.0 / p)
+
+
+def binned_members(conf, m, preset):
+    members = [[] for _ in range(num_slots(m, preset))]
+    for i, c in enumerate(conf):
+        b = bin_of(c, m, preset)
+        if b is not None:
+            members[b].append(i)
+    return members
+
+
+def ece(probs, labels, m=15, p=1, preset="calib_jax", where=None, binning="width"):
+    """Top-label ECE (p=1), RMSCE (p=2) or MCE (p='inf')."""
+    conf, correct = top_label(probs, labels)
+    keep = np.ones(len(conf), bool) if where is None else np.asarray(where)
+    conf, correct = conf[keep], correct[keep]
+    if binning == "width":
+        members = binned_members(conf, m, preset)
+    else:
+        members = equal_mass_members(conf, m, PRESET_RULES[preset][4])
+    return _error_from_bins(members, conf, correct, len(conf), p)
+
+
+def ece_from_confidences(conf, correct, m=15, p=1, preset="calib_jax"):
+    """Binned error of given confidences and 0/1 outcomes."""
+    conf = [float(c) for c in conf]
+    members = binned_members(conf, m, preset)
+    return _error_from_bins(members, conf, [float(a) for a in correct], len(conf), p)
+
+
+def equal_mass_members(conf, m, rule):
+    """Index lists of the equal-mass bins of one confidence vector."""
+    n = len(conf)
+    order = sorted(range(n), key=lambda i: (conf[i], i))
+    s = [conf[i] for i in order]
+    members = [[] for _ in range(m)]
+    if rule == "rank":
+        group = np.empty(n, int)
+        for g, chunk in enumerate(np.array_split(np.arange(n), m)):
+            group[chunk] = g
+        for pos, i in enumerate(order):
+            first = s.index(s[pos])  # first occurrence of this value
+            members[group[first]].append(i)
+    elif rule == "interp":
+        e = np.interp(np.linspace(0, n, m + 1), np.arange(n), np.asarray(s))
+        e = [float(np.float32(x)) for x in e]
+        for i in range(n):
+            for k in range(m):
+                if e[k] < conf[i] <= e[k + 1]:
+                    members[k].append(i)
+    elif rule == "quantile":
+        e = list(np.quantile(np.asarray(s), np.linspace(0.0, 1.0, m + 1)))
+        e[0], e[-1] = 0.0, 1.0
+        for i in range(n):
+            for k in range(m):
+                last = k == m - 1
+                if e[k] <= conf[i] < e[k + 1] or (last and conf[i] == e[k + 1]):
+                    members[k].append(i)
+                    break
+    return members
+
+
+def classwise_ece(probs, labels, m=15, p=1, preset="calib_jax", root="after_mean"):
+    """Def. A.1 class-wise ECE (and its l2 versions)."""
+    probs = np.asarray(probs, np.float64)
+    n, k = probs.shape
+    per_class = []
+    for c in range(k):
+        conf = probs[:, c]
+        outcome = np.asarray(labels) == c
+        members = binned_members(conf, m, preset)
+        err = _error_from_bins(members, conf, outcome, n, p)
+        per_class.append(err**p if (p == 2 and root == "after_mean") else err)
+    if p == 2 and root == "after_mean":
+        return math.sqrt(sum(per_class) / k)
+    return sum(per_class) / k
+
+
+def _kumar_bins(values, m):
+    """Equal-mass bins as in Kumar et al.'s library: array_split + midpoints."""
+    s = sorted(values)
+    m = min(m, len(s))
+    parts = np.array_split(np.asarray(s), m)
+    bounds = [(parts[i][-1] + parts[i + 1][0]) / 2.0 for i in range(m - 1)] + [1.0]
+    bounds = sorted(set(bounds))
+    members = [[] for _ in bounds]
+    for i, v in enumerate(values):
+        members[bisect.bisect_left(bounds, v)].append(i)
+    return members
+
+
+def _debiased_square(members, conf, outcome, n):
+    total = 0.0
+    for idx in members:
+        if len(idx) < 2:
+            continue
+        acc = sum(outcome[i] for i in idx) / len(idx)
+        avg = sum(conf[i] for i in idx) / len(idx)
+        total += len(idx) / n * ((avg - acc) ** 2 - acc * (1 - acc) / (len(idx) - 1))
+    return total
+
+
+def marginal_ece(probs, labels, m=15, debias=False):
+    """Kumar et al.'s marginal l2 calibration error (equal-mass bins)."""
+    probs = np.asarray(probs, np.float64)
+    n, k = probs.shape
+    squares = []
+    for c in range(k):
+        conf = list(probs[:, c])
+        outcome = [float(y == c) for y in labels]
+        members = _kumar_bins(conf, m)
+        if debias:
+            squares.append(max(_debiased_square(members, conf, outcome, n), 0.0))
+        else:
+            squares.append(_error_from_bins(members, conf, outcome, n, 2) ** 2)
+    return math.sqrt(sum(squares) / k)
+
+
+def debiased_ece(probs, labels, m=15):
+    conf, correct = top_label(probs, labels)
+    members = _kumar_bins(list(conf), m)
+    return math.sqrt(max(_debiased_square(members, conf, correct, len(conf)), 0.0))
+
+
+def ks_error(probs, labels):
+    conf, correct = top_label(probs, labels)
+    n = len(conf)
+    best = 0.0
+    for sigma in sorted(set(conf)):
+        gap = sum(correct[i] - conf[i] for i in range(n) if conf[i] <= sigma)
+        best = max(best, abs(gap) / n)
+    return best
+
+
+def sweep_ece(probs, labels, p=1):
+    conf, correct = top_label(probs, labels)
+    n = len(conf)
+    chosen = 1
+    for b in range(2, n + 1):
+        members = [idx for idx in equal_mass_members(conf, b, "rank") if idx]
+        accs = [sum(correct[i] for i in idx) / len(idx) for idx in members]
+        if any(accs[j + 1] < accs[j] for j in range(len(accs) - 1)):
+            break
+        chosen = b
+    members = equal_mass_members(conf, chosen, "rank")
+    return _error_from_bins(members, conf, correct, n, p)
+
+
+def brier(probs, labels):
+    total = 0.0
+    for row, y in zip(np.asarray(probs, np.float64), labels):
+        total += sum((row[k] - (1.0 if k == y else 0.0)) ** 2 for k in range(len(row)))
+    return total / len(labels)
+
+
+def nll(probs, labels):
+    tiny = float(np.finfo(np.float32).tiny)
+    probs = np.asarray(probs, np.float64)
+    return -sum(math.log(max(probs[i, y], tiny)) for i, y in enumerate(labels)) / len(
+        labels
+    )
+
+
+def accuracy(probs, labels):
+    return float(np.mean(top_label(probs, labels)[1]))
+
+
+def _aurc_of_errors(conf, err):
+    """Mean selective risk, ties resolved by expectation over their orders."""
+    n = len(conf)
+    order = sorted(range(n), key=lambda i: -conf[i])
+    values = [conf[i] for i in order]
+    errors = [err[i] for i in order]
+    total = 0.0
+    for k in range(1, n + 1):
+        v = values[k - 1]
+        start = values.index(v)
+        end = n - values[::-1].index(v)
+        before = sum(errors[:start])
+        group_rate = sum(errors[start:end]) / (end - start)
+        total += (before + (k - start) * group_rate) / k
+    return total / n
+
+
+def aurc(probs, labels):
+    conf, correct = top_label(probs, labels)
+    return _aurc_of_errors(list(conf), [float(not c) for c in correct])
+
+
+def eaurc(probs, labels, optimum="exact"):
+    conf, correct = top_label(probs, labels)
+    err = [float(not c) for c in correct]
+    value = _aurc_of_errors(list(conf), err)
+    n, m = len(err), int(sum(err))
+    if optimum == "exact":
+        # Distinct scores that rank every correct prediction first.
+        best = _aurc_of_errors(list(range(n, 0, -1)), [0.0] * (n - m) + [1.0] * m)
+    else:
+        r = m / n
+        best = r + ((1 - r) * math.log(1 - r) if r < 1 else 0.0)
+    return value - best
+
+
+def ood_auroc(s_in, s_out):
+    total = 0.0
+    for a in s_in:
+        for b in s_out:
+            total += 1.0 if a > b else (0.5 if a == b else 0.0)
+    return total / (len(s_in) * len(s_out))
+
+
+def fpr_at_tpr(s_in, s_out, tpr=0.95):
+    k = math.ceil(fractions.Fraction(str(tpr)) * len(s_in))
+    threshold = sorted(s_in, reverse=True)[k - 1]
+    return sum(1 for b in s_out if b >= threshold) / len(s_out)

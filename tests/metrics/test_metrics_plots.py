@@ -1,0 +1,32 @@
+"""The plot functions write non-empty PNG files."""
+
+from __future__ import annotations
+
+import pytest
+from metrics._cases import softmax_case
+
+from calib_jax import plots
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_reliability_diagram_png(tmp_path):
+    probs, labels = softmax_case(n=200, k=10, seed=31)
+    path = tmp_path / "reliability.png"
+    fig = plots.reliability_diagram(probs, labels, num_bins=10, path=path)
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    assert "ECE" in fig.axes[0].get_title()
+
+
+def test_ece_vs_severity_png(tmp_path):
+    results = {
+        "ce": {0: [0.02, 0.03], 1: [0.05, 0.06], 3: [0.12, 0.10], 5: [0.2, 0.25]},
+        "focal": {0: [0.01, 0.02], 1: [0.03, 0.04], 3: [0.08, 0.07], 5: [0.15, 0.1]},
+    }
+    path = tmp_path / "severity.png"
+    plots.ece_vs_severity(results, path=path, title="digits-C")
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    with pytest.raises(ValueError, match="empty"):
+        plots.ece_vs_severity({})

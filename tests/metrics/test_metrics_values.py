@@ -1,0 +1,203 @@
+"""Every metric against the float64 loop references on the shared cases."""
+
+from __future__ import annotations
+
+import _reference_metrics as ref
+import numpy as np
+import pytest
+from metrics._cases import (
+    all_cases,
+    classwise_edge_case,
+    padded,
+    softmax_case,
+    wide_cases,
+)
+
+from calib_jax import metrics
+
+CASES = all_cases()
+
+
+def _padded(case):
+    """(probs, labels, where) padded to one shape per K; see _cases.padded."""
+    return padded(*CASES[case])
+
+
+PRESETS = sorted(ref.PRESET_RULES)
+TOL = {"rtol": 1e-5, "atol": 2e-6}
+
+
+def _close(value, expected, **tol):
+    np.testing.assert_allclose(float(value), expected, **(tol or TOL))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("preset", PRESETS)
+def test_ece_all_presets(case, preset):
+    probs, labels = CASES[case]
+    pp, pl, w = _padded(case)
+    expected = ref.ece(probs, labels, m=15, preset=preset)
+    _close(metrics.ece(pp, pl, where=w, convention=preset), expected)
+
+
+@pytest.mark.parametrize("case", sorted(wide_cases()))
+def test_top_label_paths_for_many_classes(case):
+    probs, labels = wide_cases()[case]
+    _close(metrics.ece(probs, labels), ref.ece(probs, labels))
+    _close(metrics.mce(probs, labels), ref.ece(probs, labels, p="inf"))
+    _close(metrics.accuracy(probs, labels), ref.accuracy(probs, labels))
+    _close(metrics.brier(probs, labels), ref.brier(probs, labels))
+    _close(metrics.classwise_ece(probs, labels), ref.classwise_ece(probs, labels))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rmsce_mce(case):
+    probs, labels = CASES[case]
+    pp, pl, w = _padded(case)
+    _close(metrics.rmsce(pp, pl, where=w), ref.ece(probs, labels, p=2))
+    _close(metrics.mce(pp, pl, where=w), ref.ece(probs, labels, p="inf"))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_edges_ten_bins(preset):
+    # 0.7 is below float32(0.7) in float64: the presets disagree on it.
+    probs, labels = CASES["edges"]
+    pp, pl, w = _padded("edges")
+    expected = ref.ece(probs, labels, m=10, preset=preset)
+    _close(metrics.ece(pp, pl, where=w, num_bins=10, convention=preset), expected)
+
+
+@pytest.mark.parametrize("case", ["softmax_k10", "ties", "n1", "all_wrong", "edges"])
+@pytest.mark.parametrize("preset", ["calib_jax", "netcal", "focal_calibration"])
+def test_adaptive_ece(case, preset):
+    probs, labels = CASES[case]
+    pp, pl, w = _padded(case)
+    expected = ref.ece(probs, labels, m=15, preset=preset, binning="mass")
+    _close(metrics.adaptive_ece(pp, pl, where=w, convention=preset), expected)
+
+
+@pytest.mark.parametrize("num_bins", [1, 4, 70])
+def test_adaptive_ece_bin_counts_with_ties(num_bins):
+    probs, labels = CASES["ties"]
+    pp, pl, w = _padded("ties")
+    expected = ref.ece(probs, labels, m=num_bins, binning="mass")
+    _close(metrics.adaptive_ece(pp, pl, where=w, num_bins=num_bins), expected)
+
+
+@pytest.mark.parametrize("case", ["softmax_k10", "softmax_k2", "n1", "all_correct"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_classwise_ece(case, preset):
+    probs, labels = CASES[case]
+    pp, pl, w = _padded(case)
+    expected = ref.classwise_ece(probs, labels, preset=preset)
+    _close(metrics.classwise_ece(pp, pl, where=w, convention=preset), expected)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_classwise_on_edges_zero_and_one(preset):
+    probs, labels = classwise_edge_case()
+    expected = ref.classwise_ece(probs, labels, m=5, preset=preset)
+    got = metrics.classwise_ece(probs, labels, num_bins=5, convention=preset)
+    _close(got, expected)
+
+
+def test_classwise_l2_root_placement():
+    probs, labels = CASES["softmax_k10"]
+    pp, pl, w = _padded("softmax_k10")
+    after = metrics.classwise_ece(pp, pl, where=w, p=2)
+    _close(after, ref.classwise_ece(probs, labels, p=2, root="after_mean"))
+    per_class = metrics.Convention(name="pc", l2_root="per_class")
+    got = metrics.classwise_ece(pp, pl, where=w, p=2, convention=per_class)
+    _close(got, ref.classwise_ece(probs, labels, p=2, root="per_class"))
+    assert float(got) <= float(after) + 1e-7  # Jensen: mean of roots <= root of mean
+
+
+@pytest.mark.parametrize("case", ["softmax_k10", "softmax_k2", "ties", "n1"])
+@pytest.mark.parametrize("debias", [False, True])
+def test_marginal_ece_matches_kumar_binning(case, debias):
+    probs, labels = CASES[case]
+    pp, pl, w = _padded(case)
+    expected = ref.marginal_ece(probs, labels, m=15, debias=debias)
+    _close(metrics.marginal_ece(pp, pl, where=w, debias=debias), expected)
+
+
+@pytest.mark.parametrize("case", ["softmax_k10", "ties", "n1", "all_correct"])
+def test_debiased_ece(case):
+    probs, labels = CASES[case]
+    pp, pl, w = _padded(case)
+    _close(metrics.debiased_ece(pp, pl, where=w), ref.debiased_ece(probs, labels))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_binning_free_and_proper(case):
+    probs, labels = CASES[case]
+    pp, pl, w = _padded(case)
+    _close(metrics.ks_error(pp, pl, where=w), ref.ks_error(probs, labels))
+    _close(metrics.brier(pp, pl, where=w), ref.brier(probs, labels))
+    _close(metrics.nll(pp, pl, where=w), ref.nll(probs, labels))
+    _close(metrics.accuracy(pp, pl, where=w), ref.accuracy(probs, labels))
+
+
+@pytest.mark.parametrize("case", ["softmax_k10", "ties", "n1", "all_correct", "edges"])
+def test_sweep_ece(case):
+    probs, labels = CASES[case]
+    pp, pl, w = _padded(case)
+    _close(metrics.sweep_ece(pp, pl, where=w), ref.sweep_ece(probs, labels))
+    _close(metrics.sweep_ece(pp, pl, where=w, p=2), ref.sweep_ece(probs, labels, p=2))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_aurc_eaurc(case):
+    probs, labels = CASES[case]
+    pp, pl, w = _padded(case)
+    _close(metrics.aurc(pp, pl, where=w), ref.aurc(probs, labels), atol=1e-5, rtol=1e-5)
+    got = metrics.eaurc(pp, pl, where=w)
+    _close(got, ref.eaurc(probs, labels), atol=1e-5, rtol=1e-5)
+    assert float(got) >= -1e-6
+
+
+def test_eaurc_geifman_closed_form():
+    probs, labels = CASES["softmax_k10"]
+    got = metrics.eaurc(probs, labels, optimum="geifman")
+    _close(got, ref.eaurc(probs, labels, "geifman"), atol=1e-5, rtol=1e-5)
+
+
+def test_ood_metrics_with_ties():
+    rng = np.random.default_rng(5)
+    s_in = rng.choice(np.float32([0.2, 0.5, 0.7, 0.9, 0.95]), size=101)
+    s_out = rng.choice(np.float32([0.1, 0.5, 0.7, 0.8]), size=57)
+    _close(metrics.ood_auroc(s_in, s_out), ref.ood_auroc(s_in, s_out))
+    for tpr in (0.95, 0.5, 1.0):
+        got = metrics.fpr_at_95_tpr(s_in, s_out, tpr=tpr)
+        _close(got, ref.fpr_at_tpr(s_in, s_out, tpr))
+
+
+def test_ood_accepts_probabilities_as_msp():
+    p_in, _ = softmax_case(n=50, seed=7, boost=4.0)
+    p_out, _ = softmax_case(n=40, seed=8, boost=0.0)
+    expected = ref.ood_auroc(p_in.max(axis=1), p_out.max(axis=1))
+    _close(metrics.ood_auroc(p_in, p_out), expected)
+
+
+@pytest.mark.parametrize("binning", ["equal_width", "equal_mass"])
+def test_reliability_bins(binning):
+    probs, labels = CASES["softmax_k10"]
+    pp, pl, w = _padded("softmax_k10")
+    got = metrics.reliability_bins(pp, pl, where=w, binning=binning)
+    conf, correct = ref.top_label(probs, labels)
+    if binning == "equal_width":
+        members = ref.binned_members(conf, 15, "calib_jax")
+    else:
+        members = ref.equal_mass_members(conf, 15, "rank")
+    counts = [len(m) for m in members]
+    np.testing.assert_array_equal(got["count"], counts)
+    for b, idx in enumerate(members):
+        if idx:
+            np.testing.assert_allclose(
+                got["confidence"][b], np.mean(conf[idx]), rtol=1e-5
+            )
+            np.testing.assert_allclose(
+                got["accuracy"][b], np.mean(correct[idx]), rtol=1e-5
+            )
+            assert got["lower"][b] <= min(conf[idx]) + 1e-7
+            assert got["upper"][b] >= max(conf[idx]) - 1e-7

@@ -1,0 +1,248 @@
+"""``CALIBRATORS`` registry, ``get_calibrator`` and ``fit``.
+
+Names: ``'ts'``, ``'ets'``, ``'pts'``, ``'cts'``, ``'vector'``, ``'matrix'``,
+``'dirichlet'``, and ``'<base>+classwise'`` for ``base`` in TS, ETS, PTS,
+CTS. ``get_calibrator``/``fit`` also accept ``'ts:<objective>'`` (``nll``,
+``sb_ece``, ``hb_ece``, ``ece_grid``) and ``'ts:nll+classwise'``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+
+from calib_jax.posthoc import (
+    _classwise_scaling,
+    _cts,
+    _dirichlet,
+    _ets,
+    _matrix,
+    _pts,
+    _temperature,
+    _validate,
+)
+from calib_jax.posthoc._calibrator import Calibrator
+
+ACCURACY_PRESERVING = ("ts", "ets", "pts")
+
+
+def fit_ts(logits, labels, *, where=None, objective: str = "nll", **kwargs):
+    """Temperature scaling; see :func:`calib_jax.posthoc.fit_temperature`."""
+    t = _temperature.fit_temperature(
+        logits, labels, where=where, objective=objective, **kwargs
+    )
+    return Calibrator(
+        params={"temperature": t},
+        name=f"ts:{objective}",
+        apply_fn=_temperature.apply_ts_params,
+    )
+
+
+def fit_ets(logits, labels, *, where=None, form: str = "original", **kwargs):
+    """Ensemble temperature scaling; see :func:`calib_jax.posthoc.fit_ets`."""
+    params = _ets.fit_ets(logits, labels, where=where, form=form, **kwargs)
+    name = "ets" if form == "original" else f"ets({form})"
+    return Calibrator(params=params, name=name, apply_fn=_ets.apply_fn(form))
+
+
+def fit_pts(logits, labels, *, where=None, **kwargs):
+    """Parameterized TS; see :func:`calib_jax.posthoc.fit_pts`."""
+    params = _pts.fit_pts(logits, labels, where=where, **kwargs)
+    return Calibrator(params=params, name="pts", apply_fn=_pts.apply_pts_params)
+
+
+def fit_cts(logits, labels, *, where=None, **kwargs):
+    """Class-based TS; see :func:`calib_jax.posthoc.fit_cts`."""
+    params = _cts.fit_cts(logits, labels, where=where, **kwargs)
+    return Calibrator(params=params, name="cts", apply_fn=_cts.apply_cts_params)
+
+
+def fit_vector(logits, labels, *, where=None, **kwargs):
+    """Vector scaling; see :func:`calib_jax.posthoc.fit_vector_scaling`."""
+    params = _matrix.fit_vector_scaling(logits, labels, where=where, **kwargs)
+    return Calibrator(
+        params=params, name="vector", apply_fn=_matrix.apply_vector_params
+    )
+
+
+def fit_matrix(logits, labels, *, where=None, **kwargs):
+    """Matrix scaling; see :func:`calib_jax.posthoc.fit_matrix_scaling`."""
+    params = _matrix.fit_matrix_scaling(logits, labels, where=where, **kwargs)
+    return Calibrator(
+        params=params, name="matrix", apply_fn=_matrix.apply_matrix_params
+    )
+
+
+def fit_dirichlet(logits, labels, *, where=None, **kwargs):
+    """Dirichlet calibration (ODIR); see :func:`calib_jax.posthoc.fit_dirichlet`."""
+    params = _dirichlet.fit_dirichlet(logits, labels, where=where, **kwargs)
+    return Calibrator(
+        params=params, name="dirichlet", apply_fn=_dirichlet.apply_dirichlet_params
+    )
+
+
+# Method factories are cached so that repeated fits with the same options
+# reuse the compiled training functions.
+_ts_method = functools.lru_cache(maxsize=16)(_temperature.ts_method)
+_ets_method = functools.lru_cache(maxsize=16)(_ets.ets_method)
+_pts_method = functools.lru_cache(maxsize=16)(_pts.pts_method)
+_cts_method = functools.lru_cache(maxsize=16)(_cts.cts_method)
+
+_CLASSWISE_OPTIONS = (
+    "seed",
+    "alpha0",
+    "beta0",
+    "alpha_bounds",
+    "beta_bounds",
+    "rounds",
+    "weight_tol",
+)
+_BASE_OPTIONS = {
+    "ts": ("max_iter", "tol"),
+    "ets": ("form", "max_iter", "tol"),
+    "pts": ("top_k", "hidden", "steps", "learning_rate", "weight_decay"),
+    "cts": ("max_iter", "tol"),
+}
+_FACTORIES = {
+    "ts": _ts_method,
+    "ets": _ets_method,
+    "pts": _pts_method,
+    "cts": _cts_method,
+}
+
+
+def _classwise_fitter(base: str) -> Callable[..., Calibrator]:
+    def fitter(logits, labels, *, where=None, objective: str = "nll", **kwargs):
+        if objective != "nll":
+            raise ValueError(
+                "class-wise loss scaling trains on class-wise NLL losses: "
+                f"'{base}+classwise' needs objective 'nll', got {objective!r}."
+            )
+        unknown = set(kwargs) - set(_BASE_OPTIONS[base]) - set(_CLASSWISE_OPTIONS)
+        if unknown:
+            raise ValueError(
+                f"unknown option(s) for '{base}+classwise': {', '.join(sorted(unknown))}."
+            )
+        base_kw = {k: v for k, v in kwargs.items() if k in _BASE_OPTIONS[base]}
+        if "hidden" in base_kw:
+            base_kw["hidden"] = tuple(base_kw["hidden"])
+        cw_kw = {k: v for k, v in kwargs.items() if k in _CLASSWISE_OPTIONS}
+        method = _FACTORIES[base](**base_kw)
+        params, aux = _classwise_scaling.fit_classwise(
+            method, logits, labels, where=where, **cw_kw
+        )
+        apply_fn = method.apply
+        name = "ts:nll+classwise" if base == "ts" else f"{base}+classwise"
+        return Calibrator(params=params, aux=aux, name=name, apply_fn=apply_fn)
+
+    fitter.__name__ = f"fit_{base}_classwise"
+    fitter.__doc__ = (
+        f"{base.upper()} trained with class-wise loss scaling; see "
+        ":func:`calib_jax.posthoc.fit_classwise` (host function, not jittable)."
+    )
+    return fitter
+
+
+CALIBRATORS: dict[str, Callable[..., Calibrator]] = {
+    "ts": fit_ts,
+    "ets": fit_ets,
+    "pts": fit_pts,
+    "cts": fit_cts,
+    "vector": fit_vector,
+    "matrix": fit_matrix,
+    "dirichlet": fit_dirichlet,
+    "ts+classwise": _classwise_fitter("ts"),
+    "ets+classwise": _classwise_fitter("ets"),
+    "pts+classwise": _classwise_fitter("pts"),
+    "cts+classwise": _classwise_fitter("cts"),
+}
+
+
+def _known_names() -> str:
+    ts = [f"ts:{o}" for o in _temperature.OBJECTIVES]
+    return ", ".join(sorted(CALIBRATORS) + ts + ["ts:nll+classwise"])
+
+
+def get_calibrator(name: str) -> Callable[..., Calibrator]:
+    """Returns the fitter ``(logits, labels, *, where=None, **kw) -> Calibrator``.
+
+    ``name`` is a key of :data:`CALIBRATORS` or ``'ts:<objective>'``
+    (optionally ``'ts:nll+classwise'``).
+
+    Raises:
+      ValueError: unknown name; the message lists the known names.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"calibrator name must be a string, got {name!r}.")
+    base, suffix = name, ""
+    if name.endswith("+classwise"):
+        base, suffix = name[: -len("+classwise")], "+classwise"
+    objective = None
+    if base.startswith("ts:"):
+        base, objective = "ts", base[3:]
+        if objective not in _temperature.OBJECTIVES:
+            raise ValueError(
+                f"unknown TS objective {objective!r} in {name!r}; known "
+                f"calibrators: {_known_names()}."
+            )
+    key = base + suffix
+    if key not in CALIBRATORS:
+        raise ValueError(
+            f"unknown calibrator {name!r}; known calibrators: {_known_names()}."
+        )
+    fitter = CALIBRATORS[key]
+    if objective is None:
+        return fitter
+    return functools.partial(fitter, objective=objective)
+
+
+def fit(
+    name: str,
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    where: jax.typing.ArrayLike | None = None,
+    **kwargs,
+) -> Calibrator:
+    """Fits the calibrator registered as ``name`` on validation logits.
+
+    Args:
+      name: e.g. ``'ts'``, ``'ts:sb_ece'``, ``'ets'``, ``'cts+classwise'``,
+        ``'dirichlet'`` (see :data:`CALIBRATORS`).
+      logits: float ``[N, K]`` validation logits.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      where: optional bool ``[N]``; ``False`` rows are ignored.
+      **kwargs: options of the method's fitter (e.g. ``objective``,
+        ``max_iter``, ``form``, ``steps``, ``off_diagonal``, ``rounds``).
+
+    Returns:
+      A :class:`Calibrator`; ``calibrator.apply(test_logits)`` gives the
+      calibrated logits. TS, ETS and PTS (with or without class-wise
+      scaling) preserve the argmax; CTS, vector, matrix and Dirichlet
+      calibration do not.
+
+    Raises:
+      ValueError: unknown name or option, NaN/inf logits, labels out of
+        range, ``N = 0``, ``K < 2`` or mismatched lengths (one-line messages).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from calib_jax import posthoc
+      >>> z = 3.0 * jax.random.normal(jax.random.key(0), (512, 4))
+      >>> y = jax.random.categorical(jax.random.key(1), z / 3.0)
+      >>> cal = posthoc.fit("ts:nll", z, y)
+      >>> print(cal.name, f"{float(cal.params['temperature']):.2f}")
+      ts:nll 3.46
+    """
+    fitter = get_calibrator(name)
+    _validate.check_inputs(logits, labels, where)
+    try:
+        return fitter(logits, labels, where=where, **kwargs)
+    except TypeError as err:
+        if "unexpected keyword argument" in str(err):
+            raise ValueError(
+                f"unknown option for calibrator {name!r}: {err}."
+            ) from None
+        raise

@@ -1,0 +1,180 @@
+"""Registry, host-side validation and the ``python -m calib_jax.posthoc`` CLI."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import _reference_posthoc as ref
+import numpy as np
+import pytest
+from posthoc._data import overconfident
+
+from calib_jax import posthoc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_registry_names_and_unknown_name():
+    assert set(posthoc.CALIBRATORS) == {
+        "ts", "ets", "pts", "cts", "vector", "matrix", "dirichlet",
+        "ts+classwise", "ets+classwise", "pts+classwise", "cts+classwise",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=r"unknown calibrator 'platt'.*ts:sb_ece"):
+        posthoc.get_calibrator("platt")
+    with pytest.raises(ValueError, match="unknown TS objective 'mse'"):
+        posthoc.get_calibrator("ts:mse")
+    with pytest.raises(ValueError, match="unknown calibrator 'vector\\+classwise'"):
+        posthoc.get_calibrator("vector+classwise")
+
+
+BAD_ARRAYS = {
+    "nan": (
+        lambda z, y: (np.where(np.arange(len(y))[:, None] == 3, np.nan, z), y),
+        "NaN/inf values in 1 row",
+    ),
+    "labels": (
+        lambda z, y: (z, np.where(np.arange(len(y)) == 5, 7, y)),
+        r"labels must lie in \[0, K\) = \[0, 4\); found 7 at row 5",
+    ),
+    "empty": (lambda z, y: (z[:0], y[:0]), r"empty \(N = 0\)"),
+    "k1": (lambda z, y: (z[:, :1], y * 0), "K = 1 class"),
+    "lengths": (lambda z, y: (z, y[:-1]), "has 200 rows but labels has 199"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ARRAYS))
+def test_fit_rejects_bad_input_with_one_line(case):
+    z, y = overconfident(200, 4, seed=0)
+    make, pattern = BAD_ARRAYS[case]
+    bad_z, bad_y = make(z, y)
+    with pytest.raises(ValueError, match=pattern) as err:
+        posthoc.fit("ts", bad_z.astype(np.float32), bad_y.astype(np.int32))
+    assert "\n" not in str(err.value)
+
+
+def test_fit_rejects_unknown_option():
+    z, y = overconfident(200, 4, seed=0)
+    with pytest.raises(ValueError, match="unknown option"):
+        posthoc.fit("cts", z, y, temperature=2.0)
+
+
+# ---------------------------------------------------------------------------
+# CLI (subprocess)
+# ---------------------------------------------------------------------------
+
+
+def _cli(*args, cwd):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, "-m", "calib_jax.posthoc", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    z, y = overconfident(200, 4, seed=0)
+    zt, yt = overconfident(300, 4, seed=1)
+    np.savez(d / "val.npz", logits=z, labels=y)
+    np.savez(d / "test.npz", logits=zt, labels=yt)
+    for case, (make, _) in BAD_ARRAYS.items():
+        bz, by = make(z, y)
+        np.savez(d / f"bad_{case}.npz", logits=bz.astype(np.float32), labels=by)
+    np.savez(d / "no_labels.npz", logits=z, targets=y)
+    return d
+
+
+def test_cli_end_to_end_table_json_and_overwrite_rule(files):
+    out = files / "results.json"
+    proc = _cli(
+        "--val",
+        files / "val.npz",
+        "--test",
+        files / "test.npz",
+        "--method",
+        "ts:nll",
+        "--method",
+        "ts:nll+classwise",
+        "--out",
+        out,
+        cwd=files,
+    )
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    for name in ("uncalibrated", "ts:nll", "ts:nll+classwise"):
+        assert name in stdout
+    payload = json.loads(out.read_text())
+    rows = {r["method"]: r for r in payload["results"]}
+    zt, yt = (
+        np.load(files / "test.npz")["logits"],
+        np.load(files / "test.npz")["labels"],
+    )
+    t = rows["ts:nll"]["params"]["temperature"]
+    zv, yv = np.load(files / "val.npz")["logits"], np.load(files / "val.npz")["labels"]
+    assert t == pytest.approx(ref.ts_nll_optimum_scipy(zv, yv), rel=1e-3)
+    assert rows["ts:nll"]["nll"] == pytest.approx(ref.nll(zt, yt, t), rel=1e-5)
+    assert rows["uncalibrated"]["nll"] == pytest.approx(ref.nll(zt, yt), rel=1e-5)
+    assert rows["ts:nll"]["accuracy"] == rows["uncalibrated"]["accuracy"]
+    assert 1.5 <= rows["ts:nll+classwise"]["params"]["beta"] <= 2.0
+    before = out.read_text()
+
+    # Existing output: refused without --overwrite, replaced with it.
+    common = ("--val", files / "val.npz", "--test", files / "test.npz",
+              "--method", "ts:ece_grid", "--out", out)  # fmt: skip
+    refused = _cli(*common, cwd=files)
+    _, stderr = refused.communicate(timeout=300)
+    assert refused.returncode == 2
+    assert stderr.strip().count("\n") == 0 and "--overwrite" in stderr
+    assert out.read_text() == before
+    replaced = _cli(*common, "--overwrite", cwd=files)
+    _, stderr = replaced.communicate(timeout=300)
+    assert replaced.returncode == 0, stderr
+    rows = json.loads(out.read_text())["results"]
+    assert [r["method"] for r in rows] == ["uncalibrated", "ts:ece_grid"]
+    t_grid = rows[1]["params"]["temperature"]
+    assert np.min(np.abs(np.arange(1, 101) / 10 - t_grid)) < 1e-6
+
+
+def test_cli_bad_inputs_fail_with_one_line_and_no_traceback(files):
+    val, test = files / "val.npz", files / "test.npz"
+    cases = {
+        f"bad_{case}": ((files / f"bad_{case}.npz", test, "ts"), pattern)
+        for case, (_, pattern) in BAD_ARRAYS.items()
+    }
+    cases["missing_key"] = (
+        (files / "no_labels.npz", test, "ts"),
+        "has no array 'labels' \\(it has: logits, targets\\)",
+    )
+    cases["unknown_method"] = ((val, test, "platt"), "unknown calibrator 'platt'")
+    cases["missing_file"] = ((files / "nope.npz", test, "ts"), "does not exist")
+    procs = {
+        name: _cli(
+            "--val",
+            v,
+            "--test",
+            t,
+            "--method",
+            m,
+            "--out",
+            files / f"{name}.json",
+            cwd=files,
+        )
+        for name, ((v, t, m), _) in cases.items()
+    }
+    for name, proc in procs.items():
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 2, (name, stderr)
+        assert "Traceback" not in stderr, name
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1, (name, stderr)
+        assert re.search(cases[name][1], lines[0]), (name, lines[0])
+        assert not (files / f"{name}.json").exists()

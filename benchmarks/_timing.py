@@ -64,5 +64,7 @@ def write_section(title: str, body: str) -> None:
         text = text.rstrip() + "\n\n" + section
     else:
         end = text.find("\n## ", start + len(header))
-        text = text[:start] + section + (text[end + 1 :] if end >= 0 else "")
+        # Keep the blank line that separates this section from the next one.
+        rest = "\n" + text[end + 1 :] if end >= 0 else ""
+        text = text[:start] + section + rest
     RESULTS.write_text(text)

@@ -152,10 +152,47 @@ def sb_ece(
 @functools.partial(jax.jit, static_argnames=("num_bins", "kind"))
 def _sb_ece(logits, labels, mask, temperature, p, *, num_bins, kind):
     logits = _clean(logits, mask)
-    dtype = logits.dtype
-    p = jnp.asarray(p, dtype)
     rows = _row_stats(logits, labels, conf=True)
-    conf, acc = rows.conf, rows.correct
+    return sb_ece_from_confidences(
+        rows.conf, rows.correct, mask, temperature, p, num_bins=num_bins, kind=kind
+    )
+
+
+def sb_ece_from_confidences(
+    conf: jax.Array,
+    correct: jax.Array,
+    mask: jax.Array,
+    temperature: jax.typing.ArrayLike,
+    p: jax.typing.ArrayLike,
+    *,
+    num_bins: int,
+    kind: str,
+) -> jax.Array:
+    r"""SB-ECE of :func:`sb_ece` from per-row confidences (batch-level).
+
+    Everything :func:`sb_ece` computes after the softmax: the soft binning of
+    Eqs. (8)-(12) of [1] on ``[B]`` vectors (``O(B M)``). Derivatives flow
+    through ``conf`` only. No argument checks: callers validate.
+
+    Args:
+      conf: float ``[B]`` top-label confidences :math:`c_i`.
+      correct: float ``[B]`` hard accuracies :math:`a_i` in {0, 1}.
+      mask: bool ``[B]``; ``False`` rows are ignored.
+      temperature: soft-binning temperature :math:`T > 0`.
+      p: norm order :math:`p \ge 1`.
+      num_bins: static int :math:`M`.
+      kind: static str, ``'lb'`` (Eq. (12)) or ``'bin'`` (Eq. (11)).
+
+    Returns:
+      Scalar of ``conf``'s dtype.
+
+    References:
+      [1] A. Karandikar et al., "Soft Calibration Objectives for Neural
+      Networks", NeurIPS 2021, Eqs. (8)-(12).
+    """
+    dtype = conf.dtype
+    acc = correct.astype(dtype)
+    p = jnp.asarray(p, dtype)
     u = soft_bin_membership(conf, num_bins, temperature)
     u = jnp.where(mask[:, None], u, 0.0)
     n = jnp.maximum(jnp.sum(mask.astype(dtype)), 1.0)

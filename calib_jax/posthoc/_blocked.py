@@ -9,8 +9,9 @@ Temperature scaling only ever needs, per row :math:`n` and inverse temperature
     W_n(s) = \sum_k e^{s (z_{nk} - m_n)} (z_{nk} - m_n), \qquad
     m_n = \max_k z_{nk},
 
-from which the NLL, its derivative and the top-label confidence
-:math:`c_n = 1 / S_n` follow. Computing :math:`S` and :math:`W` together over
+from which the NLL, the top-label confidence :math:`c_n = 1 / S_n` and their
+derivatives in :math:`s` (:math:`\partial c_n / \partial s = -W_n / S_n^2`)
+follow. Computing :math:`S` and :math:`W` together over
 the whole array makes XLA:CPU materialise the ``[N, K]`` exponentials (a
 fresh buffer per call, several times slower than the arithmetic). The pass
 below walks over blocks of rows (about :data:`BLOCK_ELEMENTS` entries each) in

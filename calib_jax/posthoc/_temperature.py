@@ -108,11 +108,17 @@ def fit_temperature(
     ``'sb_ece'`` (TS-SB-ECE, Sec. 5.2 and App. C of [2]):
       :math:`\min_T \mathrm{SB\text{-}ECE}_{\mathrm{lb},p}(M, T_{\mathrm{sb}})`
       of :math:`z/T` (Eq. (12) of [2]) by the same L-BFGS on :math:`\log T`,
-      started from the ``'nll'`` temperature, with
-      :func:`calib_jax.losses._soft_ece.sb_ece`. (From :math:`T = 1`, very
-      over-confident logits have all confidences saturated at 1 and a
-      vanishing SB-ECE gradient; the NLL start avoids that and usually
-      halves the number of SB-ECE evaluations.)
+      started from the ``'nll'`` temperature. The objective is the value of
+      :func:`calib_jax.losses.sb_ece` on :math:`z/T`, evaluated without the
+      ``[N, K]`` softmax: SB-ECE sees the logits only through the top-label
+      confidences :math:`c_n = 1/S_n(1/T)` and the correctness
+      :math:`z_{ny_n} = \max_k z_{nk}` (fixed in :math:`T`), so value and
+      derivative cost one fused, row-blocked pass (:math:`S, W`, as for the
+      NLL; :math:`\partial c_n/\partial\log T = W_n / (T S_n^2)`) plus
+      ``O(N M)`` soft binning of the ``[N]`` confidences. (From
+      :math:`T = 1`, very over-confident logits have all confidences
+      saturated at 1 and a vanishing SB-ECE gradient; the NLL start avoids
+      that and usually halves the number of SB-ECE evaluations.)
       Defaults: :math:`M` = ``num_bins`` = 15 (the paper's fixed M, App. G),
       :math:`p = 2` (the :math:`\ell_2` ECE the paper reports),
       soft-binning temperature :math:`T_{\mathrm{sb}}` = ``sb_temperature`` =
@@ -318,33 +324,90 @@ def _fit_nll(logits, labels, where, tol, *, max_iter):
 # ---------------------------------------------------------------------------
 
 
+@jax.custom_jvp
+def top_confidence_of_log_t(u, z, m):
+    r"""Top-label confidences :math:`c_n = 1 / S_n(e^{-u})` of :math:`z / e^u`.
+
+    ``u`` is a scalar :math:`\log T` (or per-row ``[N]``); ``z`` ``[N, K]``
+    logits and ``m`` ``[N]`` their row maxima are constants of the fit (no
+    derivative is provided for them; callers stop their gradients). The
+    derivative comes from the same blocked pass as the value:
+
+    .. math::
+
+        \frac{\partial c_n}{\partial u} = s\,\frac{W_n(s)}{S_n(s)^2}
+        \le 0, \qquad s = e^{-u},
+
+    with :math:`S, W` of ``_blocked.py``.
+    """
+    return _blocked.top_confidence(z, m, jnp.exp(-u))
+
+
+@top_confidence_of_log_t.defjvp
+def _top_confidence_of_log_t_jvp(primals, tangents):
+    u, z, m = primals
+    s = jnp.exp(-u)
+    big_s, big_w = _blocked.exp_sums(z, m, s, with_w=True)
+    c = 1.0 / big_s
+    # dc_n/du = -(dS_n/ds)(ds/du) / S_n^2 = s W_n c_n^2.
+    return c, s * big_w * c * c * tangents[0]
+
+
+def sb_ece_objective(logits, labels, where, *, num_bins, temperature, p, kind):
+    r"""``u -> SB-ECE of softmax(z / exp(u))`` with a fused derivative in ``u``.
+
+    The same value as :func:`calib_jax.losses.sb_ece` of the scaled logits:
+    SB-ECE depends on them only through the top-label confidences (one
+    row-blocked pass, :func:`top_confidence_of_log_t`) and the correctness
+    :math:`z_{ny_n} = \max_k z_{nk}`, which does not depend on :math:`T`;
+    the soft binning is ``O(N M)`` work on ``[N]`` vectors.
+
+    Args:
+      logits: float ``[N, K]`` (excluded rows zeroed).
+      labels: int ``[N]``.
+      where: optional bool ``[N]``; ``False`` rows are ignored.
+      num_bins: static number of bins :math:`M`.
+      temperature: soft-binning temperature.
+      p: norm order.
+      kind: static ``'lb'`` or ``'bin'``.
+
+    Returns:
+      A scalar function of :math:`u = \log T`, differentiable in ``u``.
+    """
+    from calib_jax.losses._soft_ece import sb_ece_from_confidences
+
+    z = jax.lax.stop_gradient(logits)
+    m = jnp.max(z, axis=-1)
+    correct = (_core.pick(z, labels) == m).astype(z.dtype)
+    mask = jnp.ones(m.shape, bool) if where is None else jnp.asarray(where, bool)
+
+    def objective(u):
+        conf = top_confidence_of_log_t(u, z, m)
+        return sb_ece_from_confidences(
+            conf, correct, mask, temperature, p, num_bins=num_bins, kind=kind
+        )
+
+    return objective
+
+
 @functools.partial(jax.jit, static_argnames=("num_bins", "kind"))
 def _fit_sb_ece(
     logits, labels, where, tol, sb_temperature, p, *, max_iter, num_bins, kind
 ):
-    from calib_jax.losses._soft_ece import sb_ece
-
     z, labels, w = _core.canonical(logits, labels, where)
     # Start from the NLL temperature: near the SB-ECE optimum in practice, and
     # away from the flat region of saturated confidences that very
     # over-confident logits have at T = 1 (there the SB-ECE gradient vanishes).
     u0 = fit_log_t_nll(z, labels, w, jnp.zeros((), z.dtype), max_iter=max_iter, tol=tol)
-    # Row-centred logits: the top entry is exactly 0 and stays 0 after
-    # scaling, so the loss's correctness test (top logit == label logit)
-    # is exact even when XLA fuses the scaling into it.
-    z = jax.lax.stop_gradient(z - jnp.max(z, axis=-1, keepdims=True))
-
-    def objective(u):
-        return sb_ece(
-            z * jnp.exp(-u),
-            labels,
-            num_bins=num_bins,
-            temperature=sb_temperature,
-            p=p,
-            kind=kind,
-            where=where,
-        )
-
+    objective = sb_ece_objective(
+        z,
+        labels,
+        where,
+        num_bins=num_bins,
+        temperature=sb_temperature,
+        p=p,
+        kind=kind,
+    )
     u, _ = _core.lbfgs_minimize(objective, u0, max_iter=max_iter, gtol=tol)
     return jnp.exp(u).astype(jnp.float32)
 

@@ -1,5 +1,7 @@
 """Temperature scaling: the four objectives against float64 references."""
 
+import functools
+
 import _reference_posthoc as ref
 import jax
 import jax.numpy as jnp
@@ -125,6 +127,65 @@ def test_sb_ece_reaches_a_local_minimum(small):
         assert float(objective(jnp.log(jnp.float32(t)) + du)) > float(value)
     assert float(value) < 0.3 * float(objective(jnp.float32(0.0)))
     assert 2.5 < t < 3.5
+
+
+@pytest.mark.parametrize(
+    ("kind", "p", "sb_temperature"), [("lb", 2.0, 0.01), ("bin", 1.0, 0.003)]
+)
+def test_sb_ece_objective_equals_loss_on_scaled_logits(small, kind, p, sb_temperature):
+    # The fit evaluates SB-ECE from the blocked top-label confidences; value
+    # and derivative in log T must be those of calib_jax.losses.sb_ece on
+    # z / T, including the where handling (NaN padding is never read).
+    from calib_jax.losses._soft_ece import sb_ece
+    from calib_jax.posthoc._core import canonical
+    from calib_jax.posthoc._temperature import sb_ece_objective
+
+    z, y = small
+    keep = np.arange(len(y)) % 4 != 0
+    z_bad = z.copy()
+    z_bad[~keep] = np.nan
+    opts = {"num_bins": 15, "p": p, "kind": kind}
+    for where in (None, keep):
+        zz = z if where is None else z_bad
+        z0, y0, _ = canonical(jnp.asarray(zz), jnp.asarray(y), where)
+        fused = jax.jit(
+            jax.value_and_grad(
+                sb_ece_objective(z0, y0, where, temperature=sb_temperature, **opts)
+            )
+        )
+        zc = jnp.asarray(z - z.max(axis=1, keepdims=True))
+
+        def loss(u, zc=zc, where=where):
+            return sb_ece(
+                zc * jnp.exp(-u),
+                jnp.asarray(y),
+                temperature=sb_temperature,
+                where=where,
+                **opts,
+            )
+
+        for u in (-1.0, 0.0, 0.7, 1.1, 1.5):
+            got = fused(jnp.float32(u))
+            want = jax.value_and_grad(loss)(jnp.float32(u))
+            np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
+def test_sb_ece_where_equals_slicing_and_vmap(small):
+    z, y = small
+    keep = np.arange(len(y)) % 3 != 0
+    z_bad = z.copy()
+    z_bad[~keep] = np.nan
+    masked = posthoc.fit_temperature(z_bad, y, where=keep, objective="sb_ece")
+    sliced = posthoc.fit_temperature(z[keep], y[keep], objective="sb_ece")
+    np.testing.assert_allclose(masked, sliced, rtol=1e-5)
+    data = [overconfident(2000, 10, seed=s, scale=2.0 + s) for s in range(2)]
+    zs = jnp.stack([d[0] for d in data])
+    ys = jnp.stack([d[1] for d in data])
+    fit = functools.partial(posthoc.fit_temperature, objective="sb_ece")
+    batched = np.asarray(jax.vmap(fit)(zs, ys))
+    single = np.array([float(fit(z, y)) for z, y in data])
+    np.testing.assert_allclose(batched, single, rtol=1e-5)
 
 
 def test_apply_temperature_and_dtypes():

@@ -29,7 +29,10 @@ def prepare(logits, labels, where=None):
 
     Raises:
       TypeError: non-floating logits, non-integer labels or non-bool ``where``.
-      ValueError: wrong ranks or mismatched batch sizes.
+      ValueError: wrong ranks, fewer than 2 classes or mismatched batch
+        sizes; for concrete
+        (non-traced) arrays also NaN/inf logits or labels out of range in an
+        included row (:func:`check_values`).
     """
     logits = jnp.asarray(logits)
     labels = jnp.asarray(labels)
@@ -41,6 +44,11 @@ def prepare(logits, labels, where=None):
         raise ValueError(f"logits must have shape [B, K], got shape {logits.shape}.")
     if labels.ndim != 1:
         raise ValueError(f"labels must have shape [B], got shape {labels.shape}.")
+    if logits.shape[1] < 2:
+        raise ValueError(
+            f"logits must have at least 2 classes (K >= 2), got shape "
+            f"{logits.shape}."
+        )
     if logits.shape[0] != labels.shape[0]:
         raise ValueError(
             f"logits and labels disagree on the batch size: logits {logits.shape}, "
@@ -50,7 +58,42 @@ def prepare(logits, labels, where=None):
     logits = logits.astype(dtype)
     labels = labels.astype(jnp.int32)
     mask = valid_mask(where, logits.shape[0])
+    check_values(logits, labels, mask)
     return logits, labels, mask
+
+
+def check_values(logits, labels, mask) -> None:
+    """Host-side value checks of a loss call, only when the arrays are concrete.
+
+    Eager (host-facing) calls get a one-line ValueError for NaN/inf logits or
+    labels outside ``[0, K)`` in an included row, instead of a silent NaN or a
+    clipped gather. Under ``jax.jit`` or ``jax.grad`` the inputs are tracers
+    and nothing is checked: the jitted training step pays no host sync.
+
+    Raises:
+      ValueError: naming the first offending row and how many rows are bad.
+    """
+    if any(isinstance(a, jax.core.Tracer) for a in (logits, labels, mask)):
+        return
+    if logits.shape[0] == 0:
+        return
+    m = np.asarray(mask)
+    k = logits.shape[-1]
+    lab = np.asarray(labels)
+    bad = m & ((lab < 0) | (lab >= k))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"labels must lie in [0, K) = [0, {k}); found {int(lab[i])} at row {i} "
+            f"({int(bad.sum())} row(s) out of range)."
+        )
+    finite = np.asarray(jnp.all(jnp.isfinite(logits), axis=-1))
+    bad = m & ~finite
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"logits contain NaN/inf in {int(bad.sum())} row(s) (first: row {i})."
+        )
 
 
 def valid_mask(where, batch_size: int) -> jax.Array:

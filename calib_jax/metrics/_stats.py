@@ -154,6 +154,10 @@ class BinnedStats:
             float(jnp.min(conf)) < 0.0 or float(jnp.max(conf)) > 1.0
         ):
             raise ValueError("confidences must lie in [0, 1].")
+        if _validate.is_concrete(correct) and not bool(
+            jnp.all((correct == 0) | (correct == 1))
+        ):
+            raise ValueError("correct must be bool or 0/1 per row.")
         return _from_confidences(conf, correct.astype(bool), where, m, conv)
 
     def merge(self, other: BinnedStats) -> BinnedStats:

@@ -88,7 +88,7 @@ def check_probs_labels(probs, labels, where=None):
 
     Raises:
       TypeError: non-floating probs, non-integer labels, non-bool where.
-      ValueError: bad shapes, N = 0, and for concrete inputs NaN/inf, rows off
+      ValueError: bad shapes, N = 0, K < 2, and for concrete inputs NaN/inf, rows off
         the simplex, labels out of range or a mask excluding every row.
     """
     probs = jnp.asarray(probs)
@@ -106,8 +106,12 @@ def check_probs_labels(probs, labels, where=None):
     n, k = probs.shape
     if n == 0:
         raise ValueError("probs is empty (N = 0): a metric needs at least one sample.")
-    if k == 0:
-        raise ValueError("probs has no classes (K = 0).")
+    if k < 2:
+        raise ValueError(
+            f"probs has K = {k} class(es); calibration metrics need K >= 2 (for "
+            "one probability per row use [1 - p, p] or "
+            "BinnedStats.from_confidences)."
+        )
     where = _check_where(where, n)
     if is_concrete(probs, labels, where):
         _check_values(probs, labels, where)

@@ -21,6 +21,7 @@ import os
 import sys
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -73,8 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(path: str, which: str, logits_key: str, labels_key: str):
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise UserError(f"--{which} file {path!r} does not exist.")
+    if not os.path.isfile(path):
+        raise UserError(f"--{which} path {path!r} is not a file.")
+    if not zipfile.is_zipfile(path):  # .npy, text, truncated or random bytes
+        raise UserError(
+            f"--{which} file {path!r} is not an .npz archive (np.savez output)."
+        )
     try:
         with np.load(path, allow_pickle=False) as data:
             keys = list(data.keys())
@@ -88,13 +95,19 @@ def _load(path: str, which: str, logits_key: str, labels_key: str):
             labels = np.asarray(data[labels_key])
     except UserError:
         raise
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+    except (zipfile.BadZipFile, zlib.error, OSError, ValueError, EOFError) as err:
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise UserError(f"cannot read --{which} file {path!r} as .npz: {msg}") from None
     if labels.dtype.kind == "f" and labels.size and np.all(labels == np.round(labels)):
         labels = labels.astype(np.int64)  # integral floats are accepted as ids
     if logits.dtype.kind in "iub":
         logits = logits.astype(np.float32)
+    for key, arr, kinds in ((logits_key, logits, "f"), (labels_key, labels, "iu")):
+        if arr.dtype.kind not in kinds:
+            what = "floating point" if kinds == "f" else "integer class ids"
+            raise UserError(
+                f"--{which} array {key!r} must be {what}, got dtype {arr.dtype}."
+            )
     return logits, labels
 
 

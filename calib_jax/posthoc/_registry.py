@@ -198,6 +198,31 @@ def get_calibrator(name: str) -> Callable[..., Calibrator]:
     return functools.partial(fitter, objective=objective)
 
 
+# Options whose sign the fitters take on trust: (must be > 0, else >= 0).
+_OPTION_SIGNS = {
+    "learning_rate": True,
+    "tol": False,
+    "weight_decay": False,
+    "weight_tol": False,
+}
+
+
+def _check_options(name: str, kwargs: dict) -> None:
+    """ValueError for a real-valued option outside its domain (one line)."""
+    for key, strict in _OPTION_SIGNS.items():
+        if key not in kwargs or isinstance(kwargs[key], jax.core.Tracer):
+            continue
+        try:
+            value = float(kwargs[key])
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{name}: option {key} must be a number, got {kwargs[key]!r}."
+            ) from None
+        if not (value > 0 if strict else value >= 0):  # NaN fails both
+            bound = "> 0" if strict else ">= 0"
+            raise ValueError(f"{name}: option {key} must be {bound}, got {value}.")
+
+
 def fit(
     name: str,
     logits: jax.typing.ArrayLike,
@@ -224,8 +249,10 @@ def fit(
       calibration do not.
 
     Raises:
-      ValueError: unknown name or option, NaN/inf logits, labels out of
-        range, ``N = 0``, ``K < 2`` or mismatched lengths (one-line messages).
+      ValueError: unknown name or option, an option outside its domain
+        (``learning_rate <= 0``, negative ``tol``), NaN/inf logits, labels
+        out of range, ``N = 0``, ``K < 2`` or mismatched lengths (one-line
+        messages).
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -238,6 +265,7 @@ def fit(
     """
     fitter = get_calibrator(name)
     _validate.check_inputs(logits, labels, where)
+    _check_options(name, kwargs)
     try:
         return fitter(logits, labels, where=where, **kwargs)
     except TypeError as err:

@@ -1,5 +1,9 @@
 """Command line: ``python -m calib_jax.train --config configs/<file>.py[:arg] --workdir DIR``.
 
+Multi-host: run the same command on every host with ``--coordinator_address``,
+``--num_processes`` and ``--process_id`` (or ``--distributed=auto``); see
+:mod:`calib_jax.train.distributed`.
+
 User errors (a config typo, an unknown name, a bad workdir) end the run with one
 line on stderr and exit code 2, before any compute starts.
 """
@@ -7,10 +11,12 @@ line on stderr and exit code 2, before any compute starts.
 from __future__ import annotations
 
 import logging
-import sys
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from calib_jax.train import distributed  # defines the multi-host flags
+from calib_jax.train.cli import fail, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a config file (optionally ':arg').", lock_config=True
@@ -19,36 +25,6 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for checkpoints, metrics and logits."
 )
 flags.mark_flags_as_required(["config", "workdir"])
-
-
-def fail(message: str) -> None:
-    """Prints a one-line error and exits with status 2.
-
-    A message that carries a traceback (a config file that raised) is cut to its
-    last line, which names the actual problem; other multi-line messages are
-    joined into one line.
-    """
-    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
-    if any(ln.startswith("Traceback") for ln in lines):
-        line = f"{lines[0].split(':', 1)[0]}: {lines[-1]}"
-    else:
-        line = " ".join(lines) or "unknown error"
-    print(f"error: {line}", file=sys.stderr)
-    sys.exit(2)
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing with config errors (typos, bad values) as one line."""
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as e:
-        fail(f"{e}")
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
-        # config_flags raises these for a misspelt or ill-typed --config.x=y;
-        # their text is a repr with escaped quotes and newlines.
-        text = str(e).encode("utf-8").decode("unicode_escape").replace("'", "")
-        fail(f"bad --config override: {text}")
-    return []
 
 
 def main(argv):
@@ -62,9 +38,17 @@ def main(argv):
     except Exception as e:  # noqa: BLE001 - config files are loaded lazily here
         fail(f"could not load --config: {e}")
     try:
+        distributed.initialize_from_flags()  # before any JAX computation
+    except ValueError as e:
+        fail(str(e))
+    try:
         summary = train_and_evaluate(config, _WORKDIR.value)
     except ValueError as e:
         fail(str(e))
+    import jax  # already imported by the loop
+
+    if jax.process_index() != 0:
+        return
     shown = sorted(
         k for k in summary if k.count("/") == 1 or k.startswith("shift/mean/")
     )

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import jax
+from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
 from tqdm import tqdm
 
@@ -17,13 +18,25 @@ from calib_jax.train.checkpoint import Checkpointer
 
 
 class _Preemption:
-    """Turns SIGTERM into a flag the loop checks between steps."""
+    """Turns SIGTERM into a stop request the loop checks between steps.
+
+    Single process: a Python SIGTERM handler sets a flag. Multi-process: JAX's
+    preemption service (on by default after ``jax.distributed.initialize``)
+    already catches SIGTERM on any host and agrees with every process on one
+    step to stop at; :meth:`stop_after` asks it, so all processes save the
+    same step together.
+    """
 
     def __init__(self):
         self.requested = False
         self._previous = None
+        self._sync = jax.process_count() > 1 and bool(
+            jax.config.jax_enable_preemption_service
+        )
 
     def __enter__(self):
+        if self._sync:
+            return self
         try:
             self._previous = signal.signal(signal.SIGTERM, self._handle)
         except ValueError:  # not the main thread: no signal handling
@@ -33,6 +46,12 @@ class _Preemption:
     def _handle(self, signum, frame):
         del signum, frame
         self.requested = True
+
+    def stop_after(self, step: int) -> bool:
+        """Whether to checkpoint and stop after ``step`` (call at every step)."""
+        if self._sync:
+            return multihost_utils.reached_preemption_sync_point(step)
+        return self.requested
 
     def __exit__(self, *exc):
         if self._previous is not None:
@@ -79,11 +98,15 @@ def _summarise(acc: dict) -> dict[str, float]:
     return out
 
 
-def train_and_evaluate(config: ConfigDict, workdir: str | Path) -> dict[str, float]:
+def train_and_evaluate(
+    config: ConfigDict, workdir: str | Path, *, progress: bool = True
+) -> dict[str, float]:
     """Trains as ``config`` says, resuming from the latest checkpoint in ``workdir``.
 
     Everything that can be wrong with the config, the names in it or the
-    workdir is checked before any compute. Returns the final evaluation.
+    workdir is checked before any compute. ``progress=False`` hides the step
+    bar (the benchmark shows one bar over its grid instead). Returns the final
+    evaluation.
     """
     workdir = Path(workdir)
     run = setup_lib.build(config, workdir)  # validates; raises ValueError
@@ -105,7 +128,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str | Path) -> dict[str, flo
         initial=start,
         desc=f"train {config.model.name}/{config.dataset.name}",
         unit="step",
-        disable=jax.process_index() != 0,
+        disable=not progress or jax.process_index() != 0,
         dynamic_ncols=True,
     )
     with _Preemption() as preempt:
@@ -129,7 +152,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str | Path) -> dict[str, flo
                 and done != run.num_steps
             ):
                 writer.write(done, run.evaluate(state, export=False))
-            if preempt.requested and done != run.num_steps:
+            if preempt.stop_after(done) and done != run.num_steps:
                 ckpt.save(state, force=True)
                 ckpt.close()
                 bar.close()

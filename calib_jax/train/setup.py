@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,8 @@ def check_workdir(config: ConfigDict, workdir: Path) -> None:
     """Writes ``config.json``, or checks that an existing one is the same run."""
     path = workdir / "config.json"
     new = _resolved(config)
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"--workdir {workdir} exists and is not a directory.")
     if path.exists():
         old = json.loads(path.read_text())
         strip = lambda d: {k: v for k, v in d.items() if k not in _RESUMABLE_KEYS}  # noqa: E731
@@ -69,8 +72,16 @@ def check_workdir(config: ConfigDict, workdir: Path) -> None:
             )
         return
     if jax.process_index() == 0:
-        workdir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(new, indent=2, sort_keys=True) + "\n")
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            msg = f"cannot create --workdir {workdir}: {e.strerror}."
+            raise ValueError(msg) from None
+        # Written whole, then renamed: another process checking a shared
+        # workdir never reads a half-written file.
+        tmp = path.with_name(f".config.json.{os.getpid()}")
+        tmp.write_text(json.dumps(new, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
 
 
 @dataclasses.dataclass
@@ -95,8 +106,41 @@ def _num_steps(config: ConfigDict, steps_per_epoch: int) -> int:
     raise ValueError("Set config.num_steps or config.num_epochs to a positive number.")
 
 
+def check_numbers(config: ConfigDict) -> None:
+    """ValueError (one line, naming the field) for a number outside its domain."""
+    positive_ints = ("batch_size", "eval_batch_size", "log_every", "checkpoint_every")
+    for key in positive_ints:
+        if not config[key] > 0:
+            raise ValueError(f"config.{key} must be a positive int, got {config[key]}.")
+    for key in ("eval_every", "seed", "num_steps"):
+        if config[key] < 0:
+            raise ValueError(f"config.{key} must be >= 0, got {config[key]}.")
+    o, s = config.optimizer, config.schedule
+    checks = [
+        ("optimizer.learning_rate", o.learning_rate, o.learning_rate > 0, "> 0"),
+        ("optimizer.weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
+        ("optimizer.momentum", o.momentum, 0 <= o.momentum < 1, "in [0, 1)"),
+        ("schedule.warmup_steps", s.warmup_steps, s.warmup_steps >= 0, ">= 0"),
+        ("schedule.decay_factor", s.decay_factor, s.decay_factor > 0, "> 0"),
+    ]
+    for name, value, ok, domain in checks:
+        if not ok:  # NaN fails every comparison
+            raise ValueError(f"config.{name} must be {domain}, got {value}.")
+    if o.decay not in ("all", "kernels"):
+        raise ValueError(
+            f"config.optimizer.decay must be 'all' or 'kernels', got '{o.decay}'."
+        )
+    bounds = list(s.boundaries)
+    if bounds != sorted(bounds) or any(not 0 < b < 1 for b in bounds):
+        raise ValueError(
+            "config.schedule.boundaries must be increasing fractions of training "
+            f"in (0, 1), got {tuple(bounds)}."
+        )
+
+
 def build(config: ConfigDict, workdir: Path) -> Run:
     """Validates ``config`` and returns the assembled run (no training yet)."""
+    check_numbers(config)
     if config.calibration_stats not in CALIBRATION_STATS:
         raise ValueError(
             f"config.calibration_stats must be one of {', '.join(CALIBRATION_STATS)}, "
@@ -118,10 +162,15 @@ def build(config: ConfigDict, workdir: Path) -> Run:
         stage = two_stage.build_stage_two(config, dataset)  # validates stage-I dir
     else:
         stage = None
-        model = models.get_model(
-            config.model.name, num_classes=dataset.num_classes, **config.model.kwargs
-        )
-    shifts = _shifts(config, dataset)
+        try:
+            model = models.get_model(
+                config.model.name,
+                num_classes=dataset.num_classes,
+                **config.model.kwargs,
+            )
+        except TypeError as e:  # a misspelt or unknown model option
+            raise ValueError(f"config.model.kwargs: {e}.") from None
+    shifts = resolve_shifts(config, dataset)
     check_workdir(config, workdir)
 
     # ---- data sources and the step -> batch map --------------------------------
@@ -248,7 +297,7 @@ def _preprocess(dataset, images):
     return augment_lib.normalize(images, dataset.mean, dataset.std)
 
 
-def _shifts(config: ConfigDict, dataset):
+def resolve_shifts(config: ConfigDict, dataset):
     """``(source_or_None, corruption, severity)`` for every shifted test set.
 
     ``None`` as the source means "corrupt the test split with the JAX

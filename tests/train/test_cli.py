@@ -83,6 +83,13 @@ def test_sigkill_then_rerun_resumes_and_matches_an_uninterrupted_run(tmp_path):
 
     result = _cli.run("digits_ce.py", killed, *QUICK)
     assert result.returncode == 0, result.stderr[-2000:]
+    # It resumed (a restart from step 0 would log step 5 a second time).
+    logged = [
+        json.loads(line)["step"]
+        for line in (killed / "metrics.jsonl").read_text().splitlines()
+        if "loss/total" in line
+    ]
+    assert logged.count(5) == 1 and logged.count(30) == 1, logged
     a, _ = _final_logits(straight)
     b, _ = _final_logits(killed)
     np.testing.assert_array_equal(a, b)  # bit for bit on CPU

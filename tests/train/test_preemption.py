@@ -50,6 +50,9 @@ def test_sigterm_checkpoints_exits_zero_and_resumes_to_the_same_result(tmp_path)
     assert not (stopped / "logits").exists()
     result = _cli.run("digits_ce.py", stopped, *QUICK)
     assert result.returncode == 0, result.stderr[-2000:]
+    # It resumed from the SIGTERM checkpoint (a restart would log step 10 again).
+    logged = [r["step"] for r in loop.load_jsonl(metrics) if "loss/total" in r]
+    assert logged.count(10) == 1 and logged.count(400) == 1, logged
     with (
         np.load(straight / "logits" / "test.npz") as a,
         np.load(stopped / "logits" / "test.npz") as b,

@@ -1,0 +1,306 @@
+"""Bad input at every host-facing entry point: one line naming the problem.
+
+Library calls raise ``ValueError`` (``TypeError`` for a wrong dtype, the house
+rule); command lines exit non-zero with one line on stderr and no traceback.
+Cases already covered elsewhere are not repeated here:
+tests/losses/test_registry.py (names, hyperparameters, shapes),
+tests/metrics/test_metrics_validation.py (NaN, simplex, labels, bins),
+tests/posthoc/test_posthoc_registry_cli.py (fit and CLI on bad arrays, keys),
+tests/train/test_cli.py (config typos, unknown names, batch divisibility),
+tests/train/test_multihost.py (distributed settings).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from calib_jax import losses, metrics, posthoc
+from calib_jax.posthoc import _cli as posthoc_cli
+from calib_jax.train import setup
+from configs import digits_ce
+
+ROOT = Path(__file__).resolve().parents[1]
+RNG = np.random.default_rng(0)
+LOGITS = RNG.normal(size=(16, 4)).astype(np.float32)
+LABELS = RNG.integers(0, 4, 16).astype(np.int32)
+
+
+def _one_line(err: BaseException | str) -> str:
+    text = str(err).strip()
+    assert text and "\n" not in text, text
+    return text
+
+
+# ---------------------------------------------------------------------------
+# Losses: eager (host) calls check values; jitted calls do not.
+# ---------------------------------------------------------------------------
+
+
+def _with(row: int, value) -> np.ndarray:
+    out = LOGITS.copy()
+    out[row, 1] = value
+    return out
+
+
+LOSS_CASES = {
+    "nan": (lambda: (_with(3, np.nan), LABELS), "NaN/inf in 1 row(s) (first: row 3)"),
+    "inf": (lambda: (_with(5, np.inf), LABELS), "NaN/inf in 1 row(s) (first: row 5)"),
+    "label_high": (
+        lambda: (LOGITS, np.where(np.arange(16) == 2, 4, LABELS).astype(np.int32)),
+        "labels must lie in [0, K) = [0, 4); found 4 at row 2",
+    ),
+    "label_negative": (
+        lambda: (LOGITS, np.where(np.arange(16) == 0, -1, LABELS).astype(np.int32)),
+        "found -1 at row 0",
+    ),
+    "k1": (lambda: (LOGITS[:, :1], LABELS * 0), "at least 2 classes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOSS_CASES))
+@pytest.mark.parametrize("name", sorted(losses.LOSSES))
+def test_every_loss_rejects_bad_values_eagerly(name, case):
+    make, message = LOSS_CASES[case]
+    logits, labels = make()
+    with pytest.raises(ValueError) as err:
+        losses.get_loss(name)(logits, labels)
+    assert message in _one_line(err.value)
+
+
+@pytest.mark.parametrize("case", ["nan", "label_high", "k1"])
+def test_composite_rejects_bad_values(case):
+    make, message = LOSS_CASES[case]
+    objective = losses.composite([dict(name="cross_entropy"), dict(name="sb_ece")])
+    with pytest.raises(ValueError) as err:
+        objective(*make())
+    assert message in _one_line(err.value)
+
+
+def test_loss_value_checks_ignore_masked_rows_and_traced_inputs():
+    logits = _with(3, np.nan)
+    labels = np.where(np.arange(16) == 3, 99, LABELS).astype(np.int32)
+    where = np.arange(16) != 3
+    got = losses.focal(logits, labels, where=where, gamma=2.0)
+    want = losses.focal(LOGITS[where], LABELS[where], gamma=2.0)
+    np.testing.assert_allclose(np.asarray(got)[where], want, rtol=1e-6)
+    # Under jit nothing is inspected: NaN logits give a NaN, not an error.
+    out = jax.jit(lambda z, y: losses.cross_entropy(z, y))(logits, LABELS)
+    assert np.isnan(np.asarray(out)[3])
+
+
+@pytest.mark.parametrize("name", sorted(losses.BATCH_LEVEL))
+def test_batch_level_losses_of_an_empty_batch_are_zero(name):
+    out = losses.get_loss(name)(LOGITS[:0], LABELS[:0])
+    assert out.shape == () and float(out) == 0.0
+
+
+# ---------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", sorted(set(metrics.METRICS) - {"ood_auroc", "fpr_at_95_tpr"})
+)
+def test_every_metric_rejects_a_single_class(name):
+    with pytest.raises(ValueError) as err:
+        metrics.get_metric(name)(np.ones((8, 1), np.float32), np.zeros(8, np.int32))
+    assert "K = 1" in _one_line(err.value)
+
+
+def test_binned_stats_reject_non_binary_outcomes():
+    conf = np.linspace(0.3, 0.9, 8).astype(np.float32)
+    with pytest.raises(ValueError) as err:
+        metrics.BinnedStats.from_confidences(conf, np.full(8, 0.5, np.float32))
+    assert "correct must be bool or 0/1" in _one_line(err.value)
+    ok = metrics.BinnedStats.from_confidences(conf, np.ones(8, np.float32))
+    assert float(ok.compute()) == pytest.approx(1.0 - conf.mean(), rel=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# Post-hoc: fit options and the CLI's input files (CLI main in-process).
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, option, value, message",
+    [
+        ("ts", "tol", -1.0, "option tol must be >= 0"),
+        ("pts", "learning_rate", 0.0, "option learning_rate must be > 0"),
+        ("pts", "learning_rate", float("nan"), "option learning_rate must be > 0"),
+        ("pts", "weight_decay", -0.1, "option weight_decay must be >= 0"),
+        ("ts+classwise", "weight_tol", -1.0, "option weight_tol must be >= 0"),
+    ],
+)
+def test_fit_rejects_options_outside_their_domain(name, option, value, message):
+    logits = (3.0 * LOGITS).repeat(4, axis=0)
+    with pytest.raises(ValueError) as err:
+        posthoc.fit(name, logits, np.tile(LABELS, 4), **{option: value})
+    assert message in _one_line(err.value)
+
+
+@pytest.fixture(scope="module")
+def npz_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("npz")
+    np.savez(d / "test.npz", logits=LOGITS, labels=LABELS)
+    (d / "garbage.npz").write_bytes(b"definitely not a zip archive")
+    (d / "truncated.npz").write_bytes((d / "test.npz").read_bytes()[:200])
+    np.save(d / "array.npy", LOGITS)
+    (d / "folder.npz").mkdir()
+    np.savez(d / "strings.npz", logits=np.array(["a", "b"]), labels=LABELS[:2])
+    np.savez(d / "fractional.npz", logits=LOGITS, labels=LABELS + 0.5)
+    np.savez(d / "objects.npz", logits=np.array([LOGITS, None], object), labels=LABELS)
+    return d
+
+
+@pytest.mark.parametrize(
+    "val, message",
+    [
+        ("garbage.npz", "is not an .npz archive"),
+        ("truncated.npz", "is not an .npz archive"),
+        ("array.npy", "is not an .npz archive"),
+        ("folder.npz", "is not a file"),
+        ("strings.npz", "array 'logits' must be floating point, got dtype <U1"),
+        ("fractional.npz", "array 'labels' must be integer class ids"),
+        ("objects.npz", "Object arrays cannot be loaded"),
+    ],
+)
+def test_posthoc_cli_unreadable_files_are_one_line(npz_files, capsys, val, message):
+    code = posthoc_cli.main(
+        [
+            "--val",
+            str(npz_files / val),
+            "--test",
+            str(npz_files / "test.npz"),
+            "--method",
+            "ts",
+            "--out",
+            str(npz_files / "out.json"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in _one_line(err) and "--val" in err
+    assert not (npz_files / "out.json").exists()
+
+
+# ---------------------------------------------------------------------------
+# Training: config values (the library call behind the CLI), then the CLI.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"batch_size": 0}, "config.batch_size must be a positive int, got 0"),
+        ({"batch_size": -8}, "config.batch_size must be a positive int"),
+        ({"log_every": 0}, "config.log_every must be a positive int"),
+        ({"checkpoint_every": 0}, "config.checkpoint_every must be a positive int"),
+        ({"seed": -1}, "config.seed must be >= 0"),
+        ({"num_steps": 0, "num_epochs": 0.0}, "num_steps or config.num_epochs"),
+        ({"optimizer.learning_rate": -1.0}, "learning_rate must be > 0"),
+        ({"optimizer.weight_decay": -1.0}, "weight_decay must be >= 0"),
+        ({"optimizer.momentum": 1.5}, "momentum must be in [0, 1)"),
+        ({"optimizer.decay": "biases"}, "decay must be 'all' or 'kernels'"),
+        ({"schedule.warmup_steps": -5}, "warmup_steps must be >= 0"),
+        ({"schedule.boundaries": (0.9, 0.2)}, "boundaries must be increasing"),
+        ({"model.kwargs": {"widht": 3}}, "config.model.kwargs: "),
+        ({"shifts.severities": (0, 6)}, "severities must be in 1..5"),
+        ({"shifts.corruptions": "fog2"}, "Unknown corruption(s) fog2"),
+        ({"augment": "flip"}, "Unknown config.augment 'flip'"),
+        ({"loss": ({"name": "focal", "gamma": -1.0},)}, "focal.gamma must be >= 0"),
+        ({"optimizer.name": "adam2"}, "Unknown optimizer 'adam2'"),
+        ({"schedule.name": "linear"}, "Unknown schedule 'linear'"),
+        ({"dataset.train_split": "trian"}, "Unknown split 'trian'"),
+        (
+            {"interleaved.enabled": True, "interleaved.holdout_fraction": 1.5},
+            "holdout_fraction must be in (0, 1)",
+        ),
+    ],
+)
+def test_bad_config_values_are_one_line_value_errors(tmp_path, overrides, message):
+    config = digits_ce.get_config()
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        node = config
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    with pytest.raises(ValueError) as err:
+        setup.build(config, tmp_path / "w")
+    assert message in _one_line(err.value)
+    assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+def test_train_cli_user_errors_are_one_line(tmp_path):
+    """Three CLI paths not reachable in-process, run concurrently."""
+    (tmp_path / "a_file").write_text("not a directory")
+
+    def command(workdir, *extra):
+        return [
+            sys.executable,
+            "-m",
+            "calib_jax.train",
+            f"--config={ROOT / 'configs' / 'digits_ce.py'}",
+            f"--workdir={workdir}",
+            "--config.num_steps=2",
+            "--config.shifts.corruptions=none",
+            *extra,
+        ]
+
+    runs = {
+        "workdir is a file": (
+            command(tmp_path / "a_file"),
+            ROOT,
+            "exists and is not a directory",
+        ),
+        "bad process id": (
+            command(
+                tmp_path / "w1",
+                "--coordinator_address=127.0.0.1:1",
+                "--num_processes=2",
+                "--process_id=2",
+            ),
+            ROOT,
+            "process_id must be < num_processes",
+        ),
+        # Overrides load the config file during flag parsing; from another
+        # directory its `from configs import common` fails.
+        "config not importable": (
+            command(tmp_path / "w2"),
+            tmp_path,
+            "No module named 'configs' (run from the repository root",
+        ),
+    }
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONPATH"] = ""  # the package is installed; `configs` is not
+    procs = {
+        name: subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, (cmd, cwd, _) in runs.items()
+    }
+    try:
+        for name, proc in procs.items():
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 2, (name, err[-2000:])
+            assert "Traceback" not in err, name
+            assert runs[name][2] in _one_line(err), (name, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    assert not (tmp_path / "w1").exists() and not (tmp_path / "w2").exists()

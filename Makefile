@@ -6,6 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 JOBS ?= 2
+DEMO_DIR ?= runs/benchmark_digits
 
 .PHONY: demo test test-slow bench install clean-venv
 
@@ -25,7 +26,8 @@ $(STAMP): $(PY) requirements.txt requirements-test.txt constraints.txt pyproject
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) experiments/demo_digits.py
+	$(PY) -m calib_jax.benchmark --config configs/benchmark_digits.py \
+		--workdir $(DEMO_DIR)
 
 test: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m 'not slow' tests

@@ -25,6 +25,15 @@ def _figure(width: float, height: float):
     return fig
 
 
+def _distinct_colors(ax, n: int) -> None:
+    """Gives ``ax`` a colour cycle of ``n`` distinct colours (tab10, or tab20 past 10)."""
+    from matplotlib import colormaps
+    from cycler import cycler
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    ax.set_prop_cycle(cycler(color=[cmap(i % cmap.N) for i in range(max(n, 1))]))
+
+
 def _save(fig, path: str | os.PathLike | None) -> None:
     if path is not None:
         fig.savefig(os.fspath(path), format="png", bbox_inches="tight")
@@ -123,15 +132,18 @@ def ece_vs_severity(
     results: Mapping[str, Mapping[int, Sequence[float]]],
     *,
     metric_name: str = "ECE",
+    error: str = "std",
     title: str | None = None,
     path: str | os.PathLike | None = None,
 ):
-    """Lines of a metric against shift severity, mean with std error bars.
+    """Lines of a metric against shift severity, mean with error bars.
 
     Args:
       results: ``{method: {severity: [value per seed, ...]}}``; severity 0 is
         the clean test set.
       metric_name: y-axis label.
+      error: ``'std'`` (sample standard deviation over seeds) or ``'sem'``
+        (standard error of the mean, std / sqrt(n)).
       title: optional title.
       path: where to write a PNG (None: do not save).
 
@@ -143,8 +155,11 @@ def ece_vs_severity(
     """
     if not results:
         raise ValueError("results is empty: nothing to plot.")
-    fig = _figure(6.0, 4.0)
+    if error not in ("std", "sem"):
+        raise ValueError(f"error must be 'std' or 'sem', got {error!r}.")
+    fig = _figure(7.0, 4.5)
     ax = fig.subplots()
+    _distinct_colors(ax, len(results))
     for method, by_severity in results.items():
         severities = sorted(by_severity)
         values = [np.asarray(by_severity[s], np.float64) for s in severities]
@@ -152,10 +167,65 @@ def ece_vs_severity(
             raise ValueError(f"method {method!r} has a severity without values.")
         mean = [v.mean() for v in values]
         std = [v.std(ddof=1) if v.size > 1 else 0.0 for v in values]
+        if error == "sem":
+            std = [sd / np.sqrt(v.size) for sd, v in zip(std, values)]
         ax.errorbar(severities, mean, yerr=std, marker="o", capsize=3, label=method)
-    ax.set_xlabel("shift severity")
-    ax.set_ylabel(metric_name)
-    ax.legend()
+    ax.set_xlabel("shift severity (0 = clean)")
+    ax.set_ylabel(f"{metric_name} (mean ± {error} over seeds)")
+    ax.legend(fontsize="small", ncol=2 if len(results) > 6 else 1)
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title)
+    _save(fig, path)
+    return fig
+
+
+def accuracy_vs_ece(
+    points: Mapping[str, tuple[float, float, float, float]],
+    *,
+    ece_name: str = "ECE",
+    title: str | None = None,
+    path: str | os.PathLike | None = None,
+):
+    """Scatter of accuracy against a calibration error, one labelled point a method.
+
+    Args:
+      points: ``{method: (accuracy, accuracy_err, ece, ece_err)}`` (fractions;
+        the errors are drawn as bars, e.g. SEM over seeds).
+      ece_name: x-axis label.
+      title: optional title.
+      path: where to write a PNG (None: do not save).
+
+    Returns:
+      The ``matplotlib.figure.Figure``.
+
+    Raises:
+      ValueError: empty ``points``.
+    """
+    if not points:
+        raise ValueError("points is empty: nothing to plot.")
+    fig = _figure(6.5, 4.5)
+    ax = fig.subplots()
+    _distinct_colors(ax, len(points))
+    for method, (acc, acc_err, err, err_err) in points.items():
+        ax.errorbar(
+            100 * err,
+            100 * acc,
+            xerr=100 * err_err,
+            yerr=100 * acc_err,
+            marker="o",
+            capsize=2,
+            linestyle="none",
+        )
+        ax.annotate(
+            method,
+            (100 * err, 100 * acc),
+            fontsize=7,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
+    ax.set_xlabel(f"{ece_name} (%)")
+    ax.set_ylabel("accuracy (%)")
     ax.grid(alpha=0.3)
     if title:
         ax.set_title(title)

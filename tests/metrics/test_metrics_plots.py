@@ -30,3 +30,33 @@ def test_ece_vs_severity_png(tmp_path):
     assert data.startswith(PNG_MAGIC) and len(data) > 5000
     with pytest.raises(ValueError, match="empty"):
         plots.ece_vs_severity({})
+
+
+def test_ece_vs_severity_error_bars_are_std_or_sem():
+    import numpy as np
+
+    values = [0.1, 0.2, 0.6]
+    for error, expected in (
+        ("std", np.std(values, ddof=1)),
+        ("sem", np.std(values, ddof=1) / np.sqrt(3)),
+    ):
+        fig = plots.ece_vs_severity({"ce": {0: values}}, error=error)
+        # errorbar's vertical bar spans mean - err .. mean + err
+        segments = fig.axes[0].containers[0].lines[2][0].get_segments()
+        (_, lo), (_, hi) = segments[0]
+        assert (hi - lo) / 2 == pytest.approx(expected)
+    with pytest.raises(ValueError, match="'std' or 'sem'"):
+        plots.ece_vs_severity({"ce": {0: values}}, error="var")
+
+
+def test_accuracy_vs_ece_png(tmp_path):
+    points = {f"m{i}": (0.9 + i / 100, 0.01, 0.05 - i / 500, 0.002) for i in range(12)}
+    path = tmp_path / "scatter.png"
+    fig = plots.accuracy_vs_ece(points, path=path)
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    offsets = [c.lines[0].get_xydata()[0] for c in fig.axes[0].containers]
+    assert offsets[3][0] == pytest.approx(100 * (0.05 - 3 / 500))  # x = ECE in %
+    assert offsets[3][1] == pytest.approx(100 * 0.93)  # y = accuracy in %
+    with pytest.raises(ValueError, match="empty"):
+        plots.accuracy_vs_ece({})

@@ -1,0 +1,57 @@
+"""``python -m calib_jax.benchmark --config configs/benchmark_<name>.py --workdir DIR``.
+
+Rerunning the same command resumes: finished cells are read back, not
+recomputed. User errors (unknown method or calibrator, an empty grid, a config
+typo, a workdir of another benchmark) print one line on stderr and exit with
+status 2 before any compute. Multi-host: the same command on every host with
+``--coordinator_address``, ``--num_processes`` and ``--process_id`` (or
+``--distributed=auto``), as for ``python -m calib_jax.train``; every process
+runs every cell (the train steps span all devices), process 0 writes the rows
+and the report, and the workdir must be on a filesystem all hosts share.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from calib_jax.train import distributed  # defines the multi-host flags
+from calib_jax.train.cli import fail, parse_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    None,
+    "Path to a benchmark config file (optionally ':arg').",
+    lock_config=True,
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Directory for the cells, results.jsonl, report.md and plots."
+)
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    del argv
+    from calib_jax.benchmark.runner import run  # after flag parsing
+
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    try:
+        config = _CONFIG.value
+        config.keys()  # a config file that failed to load raises here
+    except Exception as e:  # noqa: BLE001 - config files are loaded lazily
+        fail(f"could not load --config: {e}")
+    try:
+        distributed.initialize_from_flags()  # before any JAX computation
+        path = run(config, _WORKDIR.value)
+    except ValueError as e:
+        fail(str(e))
+    import jax  # already imported by the runner
+
+    if jax.process_index() == 0:
+        print(f"report: {path}")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

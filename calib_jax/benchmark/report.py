@@ -1,0 +1,463 @@
+"""The benchmark report: results.jsonl rows in, report.md tables, claims and plots out.
+
+Aggregation (every number in the report follows it, and ``aggregate`` is the
+one place it is written):
+
+- a *clean* value is the metric on the test set;
+- a *shifted* value of one seed is the mean over every corruption x severity
+  set; a value *at severity s* is the mean over corruption types at s;
+- mean +/- SEM are over seeds (sample std with ddof=1, divided by sqrt(n)).
+  Averaging over corruption types before taking the SEM removes the
+  variability due to the type of corruption from the error bar, which is the
+  correction the soft-calibration paper applies to its Fig. 2 error bars.
+
+Numbers are printed in percent with two decimals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from ml_collections import ConfigDict
+
+from calib_jax.benchmark import evaluate, grid
+
+REPORT_FILE = "report.md"
+PLOTS = ("ece_vs_severity.png", "accuracy_vs_ece.png")
+# The columns of the soft-calibration paper's Table 2.
+TABLE2 = (
+    ("Accuracy", "none", "accuracy"),
+    ("ECE", "none", None),
+    ("ECE+TS", "ts:nll", None),
+    ("ECE+TS-SB-ECE", "ts:sb_ece", None),
+)
+ALL_METRICS = tuple(evaluate.METRICS)
+
+
+def per_seed(rows, method, calibrator, metric, shift="clean") -> dict[int, float]:
+    """``{seed: value}`` for one method, calibrator and metric.
+
+    ``shift``: ``'clean'``, ``'all'`` (mean over every shifted set) or an int
+    severity (mean over corruption types at that severity; 0 is clean).
+    ``method='*'`` averages over every training method.
+    """
+    acc: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        if method not in ("*", r["method"]) or r["calibrator"] != calibrator:
+            continue
+        if shift == "clean" or shift == 0:
+            keep = r["shift"] == "clean"
+        elif shift == "all":
+            keep = r["shift"] != "clean"
+        else:
+            keep = r["severity"] == shift and r["shift"] != "clean"
+        if keep:
+            acc[r["seed"]].append(r[metric])
+    return {s: float(np.mean(v)) for s, v in sorted(acc.items())}
+
+
+def mean_sem(values) -> tuple[float, float]:
+    """Mean and standard error of the mean (0 for a single value)."""
+    v = np.asarray(list(values), np.float64)
+    if v.size == 0:
+        return math.nan, math.nan
+    sem = v.std(ddof=1) / math.sqrt(v.size) if v.size > 1 else 0.0
+    return float(v.mean()), float(sem)
+
+
+def aggregate(rows, method, calibrator, metric, shift="clean") -> tuple[float, float]:
+    """Mean +/- SEM over seeds of :func:`per_seed`."""
+    return mean_sem(per_seed(rows, method, calibrator, metric, shift).values())
+
+
+# Metrics printed as they are (not in percent).
+RAW = ("nll",)
+
+
+def fmt(mean: float, sem: float, metric: str = "") -> str:
+    """``'1.23 ± 0.05'`` in percent (NLL as is, 3 decimals); ``'-'`` if missing."""
+    if math.isnan(mean):
+        return "-"
+    if metric in RAW:
+        return f"{mean:.3f} ± {sem:.3f}"
+    return f"{100 * mean:.2f} ± {100 * sem:.2f}"
+
+
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(row) + " |" for row in body]
+    return out
+
+
+def _has_shift(rows) -> bool:
+    return any(r["shift"] != "clean" for r in rows)
+
+
+def _methods(rows) -> list[str]:
+    return list(dict.fromkeys(r["method"] for r in rows))
+
+
+def _calibrators(rows) -> list[str]:
+    return list(dict.fromkeys(r["calibrator"] for r in rows))
+
+
+def table2(rows, metric: str) -> list[str]:
+    """Soft-calibration Table 2 layout for one ECE convention (clean, then shifted)."""
+    cals = set(_calibrators(rows))
+    cols = [(n, c, m or metric) for n, c, m in TABLE2 if c in cals]
+    shifts = ["clean"] + (["all"] if _has_shift(rows) else [])
+    header = ["method"] + [
+        f"{name} ({'clean' if s == 'clean' else 'shifted'})"
+        for s in shifts
+        for name, _, _ in cols
+    ]
+    body = []
+    for method in _methods(rows):
+        body.append(
+            [method]
+            + [
+                fmt(*aggregate(rows, method, cal, m, s))
+                for s in shifts
+                for _, cal, m in cols
+            ]
+        )
+    return _table(header, body)
+
+
+def metrics_table(rows, calibrator: str, shift="clean") -> list[str]:
+    """Every metric of every method under one calibrator."""
+    header = ["method"] + list(ALL_METRICS)
+    body = [
+        [m] + [fmt(*aggregate(rows, m, calibrator, k, shift), k) for k in ALL_METRICS]
+        for m in _methods(rows)
+    ]
+    return _table(header, body)
+
+
+def calibrator_table(rows, metric: str, shift="clean") -> list[str]:
+    """``metric`` of every method (rows) under every calibrator (columns)."""
+    cals = _calibrators(rows)
+    body = [
+        [m] + [fmt(*aggregate(rows, m, c, metric, shift)) for c in cals]
+        for m in _methods(rows)
+    ]
+    return _table(["method"] + cals, body)
+
+
+# ---------------------------------------------------------------------------
+# Claims.
+# ---------------------------------------------------------------------------
+
+
+def paired(rows, a, b, metric, shift="clean") -> tuple[float, float] | None:
+    """Mean +/- SEM over seeds of ``a - b``; ``a`` and ``b`` are (method, calibrator).
+
+    None when the two share no seed.
+    """
+    va = per_seed(rows, *a, metric, shift)
+    vb = per_seed(rows, *b, metric, shift)
+    common = sorted(set(va) & set(vb))
+    if not common:
+        return None
+    return mean_sem([va[s] - vb[s] for s in common])
+
+
+def verdict(diffs: list[tuple[float, float]]) -> str:
+    """``holds`` when every difference (claimed < 0) is below 0 by more than its SEM.
+
+    ``does not hold`` when any is above 0 by more than its SEM; otherwise
+    ``inconclusive`` (some difference within one SEM of 0).
+    """
+    if not diffs:
+        return "not measured"
+    if any(d - s > 0 for d, s in diffs):
+        return "does not hold"
+    if all(d + s < 0 for d, s in diffs):
+        return "holds"
+    return "inconclusive (within 1 SEM)"
+
+
+def _diff_text(label: str, d: tuple[float, float]) -> str:
+    return f"{label} {100 * d[0]:+.2f} ± {100 * d[1]:.2f}"
+
+
+def _wins(rows, a: str, b: str, metric: str, shift) -> str:
+    """``'lower for i of n methods'``: calibrator ``a`` against ``b``, seed means."""
+    ms = _methods(rows)
+    wins = sum(
+        aggregate(rows, m, a, metric, shift)[0]
+        < aggregate(rows, m, b, metric, shift)[0]
+        for m in ms
+    )
+    return f"lower for {wins} of {len(ms)} methods"
+
+
+def claims(rows) -> list[dict]:
+    """One entry per headline claim: paper, claim, measured text, verdict.
+
+    Differences are paired by seed (method minus baseline, in percentage
+    points of ECE); a claim holds when each is negative by more than its SEM.
+    """
+    methods, cals = set(_methods(rows)), set(_calibrators(rows))
+    has_shift = _has_shift(rows)
+    out = []
+
+    def entry(paper, claim, metric, shift, pairs, note=""):
+        """``pairs``: (label, (method, cal), (method, cal)[, shift])."""
+        diffs, texts = [], []
+        for label, a, b, *where in pairs:
+            on = where[0] if where else shift
+            known = methods | {"*"}
+            if a[0] in known and b[0] in known and a[1] in cals and b[1] in cals:
+                d = paired(rows, a, b, metric, on)
+                if d is not None:
+                    diffs.append(d)
+                    texts.append(_diff_text(label, d))
+        measured = "; ".join(texts) if texts else "methods not in this grid"
+        out.append(
+            dict(
+                paper=paper,
+                claim=claim,
+                metric=evaluate.METRICS[metric],
+                measured=measured + (f" ({note})" if note and texts else ""),
+                verdict=verdict(diffs),
+            )
+        )
+
+    soft_names = ("s_avuc", "sb_ece", "interleaved_sb_ece")
+    soft = [m for m in soft_names if m in methods]
+    others = [m for m in _methods(rows) if m not in soft_names]
+    if soft and others:
+        best_soft = min(soft, key=lambda m: aggregate(rows, m, "none", "ece_l2_em")[0])
+        best_other = min(
+            others, key=lambda m: aggregate(rows, m, "none", "ece_l2_em")[0]
+        )
+        pairs = [
+            (f"{best_soft} - {best_other}", (best_soft, "none"), (best_other, "none"))
+        ]
+    else:
+        pairs = []
+    entry(
+        "Soft calibration objectives (Karandikar et al. 2021)",
+        "S-AvUC / SB-ECE (as secondary or interleaved losses) give the lowest ECE "
+        "among trained methods",
+        "ece_l2_em",
+        "clean",
+        pairs,
+    )
+    shift = "all" if has_shift else "clean"
+    entry(
+        "Soft calibration objectives (Karandikar et al. 2021)",
+        "TS fitted by SB-ECE beats TS fitted by NLL, mostly under shift "
+        "(per training method)",
+        "ece_l2_em",
+        shift,
+        [("shifted: TS-SB-ECE - TS", ("*", "ts:sb_ece"), ("*", "ts:nll"))],
+        note=_wins(rows, "ts:sb_ece", "ts:nll", "ece_l2_em", shift)
+        + "; clean: "
+        + _wins(rows, "ts:sb_ece", "ts:nll", "ece_l2_em", "clean"),
+    )
+    entry(
+        "ACLS (Park et al. 2023)",
+        "ACLS has lower ECE than LS, focal, MbLS, MDCA and CPC",
+        "ece",
+        "clean",
+        [
+            (f"acls - {b}", ("acls", "none"), (b, "none"))
+            for b in ("ls", "focal", "mbls", "mdca", "cpc")
+        ],
+        note="accuracy "
+        + ", ".join(
+            f"{m} {fmt(*aggregate(rows, m, 'none', 'accuracy'))}"
+            for m in ("acls", "ls", "focal", "mbls", "mdca", "cpc")
+            if m in methods
+        ),
+    )
+    entry(
+        "Class-wise loss scaling (Jung et al.)",
+        "class-wise loss scaling lowers the ECE of TS, ETS, PTS and CTS",
+        "ece",
+        "clean",
+        [
+            (f"{b}+classwise - {b}", ("*", f"{b}+classwise"), ("*", base))
+            for b, base in (
+                ("ts", "ts:nll"),
+                ("ets", "ets"),
+                ("pts", "pts"),
+                ("cts", "cts"),
+            )
+        ],
+    )
+    entry(
+        "MaC-Cal two-stage masked retraining",
+        "stage II lowers the ECE of its stage-I (cross-entropy) model, also under corruption",
+        "ece",
+        "clean",
+        [("clean: two_stage - ce", ("two_stage", "none"), ("ce", "none"))]
+        + (
+            [("shifted: two_stage - ce", ("two_stage", "none"), ("ce", "none"), "all")]
+            if has_shift
+            else []
+        ),
+    )
+    entry(
+        "Reweighted risk, AU_Pxτ (Zhou et al.)",
+        "AU_Pxτ has lower ECE than cross-entropy, focal and AURC",
+        "ece",
+        "clean",
+        [
+            (f"au_pxtau - {b}", ("au_pxtau", "none"), (b, "none"))
+            for b in ("ce", "focal", "aurc")
+        ],
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The report file and its plots.
+# ---------------------------------------------------------------------------
+
+
+def _plots(config: ConfigDict, workdir: Path, rows) -> list[str]:
+    """Writes the PNGs; returns their markdown lines."""
+    from calib_jax import plots  # matplotlib, imported only here
+
+    lines = []
+    methods = _methods(rows)
+    if _has_shift(rows):
+        severities = sorted({r["severity"] for r in rows})
+        curves = {
+            m: {
+                s: list(per_seed(rows, m, "none", "ece", s).values())
+                for s in severities
+            }
+            for m in methods
+        }
+        plots.ece_vs_severity(
+            curves,
+            metric_name="ECE (15 equal-width bins, l1)",
+            error="sem",
+            title="ECE vs shift severity (mean over corruption types)",
+            path=workdir / "ece_vs_severity.png",
+        )
+        lines.append("![ECE vs severity](ece_vs_severity.png)")
+    points = {}
+    for m in methods:
+        acc = aggregate(rows, m, "none", "accuracy")
+        err = aggregate(rows, m, "none", "ece")
+        points[m] = (*acc, *err)
+    plots.accuracy_vs_ece(
+        points,
+        ece_name="ECE, clean test (15 equal-width bins, l1)",
+        title="Accuracy vs ECE (mean ± SEM over seeds)",
+        path=workdir / "accuracy_vs_ece.png",
+    )
+    lines.append("![accuracy vs ECE](accuracy_vs_ece.png)")
+    # Reliability diagrams: the baseline (ce, or the first method) and the
+    # method with the lowest clean ECE, on the first seed's test set.
+    import jax
+
+    baseline = "ce" if "ce" in methods else methods[0]
+    best = min(methods, key=lambda m: aggregate(rows, m, "none", "ece")[0])
+    seed = min(config.seeds)
+    for tag, method in (("baseline", baseline), ("best", best)):
+        path = grid.train_dir(workdir, method, seed) / "logits" / "test.npz"
+        with np.load(path) as f:
+            probs = jax.nn.softmax(np.asarray(f["logits"], np.float32), axis=-1)
+            labels = np.asarray(f["labels"])
+        name = f"reliability_{tag}.png"
+        plots.reliability_diagram(
+            probs,
+            labels,
+            num_bins=int(config.num_bins),
+            title=f"{method} (seed {seed}, clean test)",
+            path=workdir / name,
+        )
+        lines.append(f"![reliability, {tag}: {method}]({name})")
+    return lines
+
+
+def write_report(config: ConfigDict, workdir: Path, rows) -> Path:
+    """Writes ``report.md`` and the PNG plots under ``workdir``; returns the path."""
+    workdir = Path(workdir)
+    seeds = sorted({r["seed"] for r in rows})
+    shifts = sorted({r["shift"] for r in rows if r["shift"] != "clean"})
+    t = config.train
+    lines = [
+        "# Calibration benchmark",
+        "",
+        f"Dataset `{t.dataset.name}`, model `{t.model.name}`, "
+        f"{len(_methods(rows))} training methods x {len(_calibrators(rows))} "
+        f"post-hoc calibrators x seeds {seeds}; clean test set and "
+        f"{len(shifts)} shifted test sets (corruption x severity). "
+        f"Every number is mean ± SEM over seeds, in percent; a shifted value is "
+        f"first averaged over all corruption x severity sets of its seed. "
+        f"Calibrators are fitted on the validation split. "
+        f"All figures are recomputed from `results.jsonl` by "
+        f"`calib_jax.benchmark.report`.",
+        "",
+        "## Table 2 layout (soft-calibration paper): ECE with 15 equal-mass bins, l2",
+        "",
+        *table2(rows, "ece_l2_em"),
+        "",
+        "## Table 2 layout: ECE with 15 equal-width bins, l1 (focal, ACLS, "
+        "reweighted-risk papers)",
+        "",
+        *table2(rows, "ece"),
+        "",
+        "## Every metric, no post-hoc calibration (clean test)",
+        "",
+        "Conventions: "
+        + "; ".join(f"`{k}` = {v}" for k, v in evaluate.METRICS.items())
+        + ".",
+        "",
+        *metrics_table(rows, "none"),
+        "",
+    ]
+    if shifts:
+        lines += [
+            "## Every metric, no post-hoc calibration (shifted, mean over sets)",
+            "",
+            *metrics_table(rows, "none", "all"),
+            "",
+        ]
+    lines += [
+        "## ECE (15 equal-width bins, l1) of every method under every calibrator "
+        "(clean test)",
+        "",
+        *calibrator_table(rows, "ece"),
+        "",
+    ]
+    if shifts:
+        lines += [
+            "## ECE (15 equal-width bins, l1) under every calibrator (shifted)",
+            "",
+            *calibrator_table(rows, "ece", "all"),
+            "",
+        ]
+    lines += [
+        "## Claims",
+        "",
+        "Each paper's headline claim, tested on this grid. Differences are "
+        "paired by seed (method minus baseline, percentage points); a claim "
+        "holds when every difference is below 0 by more than one SEM.",
+        "",
+        *_table(
+            ["paper", "claim", "metric", "measured (paired difference, pp)", "verdict"],
+            [
+                [c["paper"], c["claim"], c["metric"], c["measured"], c["verdict"]]
+                for c in claims(rows)
+            ],
+        ),
+        "",
+        "## Plots",
+        "",
+        *_plots(config, workdir, rows),
+        "",
+    ]
+    path = workdir / REPORT_FILE
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,176 @@
+"""Runs the benchmark grid, cell by cell, resumably.
+
+A cell is one training method at one seed: the trainer's run (which resumes
+from its own checkpoints) followed by every post-hoc calibrator on its logits.
+A finished cell leaves ``cells/<method>/seed<k>/rows.jsonl`` (written to a
+temporary name and renamed, so it exists only complete); a rerun skips it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from ml_collections import ConfigDict
+from tqdm import tqdm
+
+from calib_jax import data as data_lib
+from calib_jax import losses, models
+from calib_jax.benchmark import evaluate, grid, report
+from calib_jax.train import mesh as mesh_lib
+from calib_jax.train import setup as train_setup
+from calib_jax.train.loop import train_and_evaluate
+
+CONFIG_FILE = "benchmark_config.json"
+RESULTS_FILE = "results.jsonl"
+
+
+def _resolved(config: ConfigDict) -> dict:
+    return json.loads(config.to_json_best_effort())
+
+
+def check_workdir(config: ConfigDict, workdir: Path) -> None:
+    """Writes the resolved config, or refuses a workdir of another benchmark.
+
+    Raises:
+      ValueError: ``workdir`` holds results of a different benchmark config.
+    """
+    path = workdir / CONFIG_FILE
+    new = _resolved(config)
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != new:
+            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            raise ValueError(
+                f"{workdir} holds results of a different benchmark config (differs "
+                f"in: {', '.join(diff)}); use a new --workdir or the same config."
+            )
+        return
+    if jax.process_index() == 0:
+        workdir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(new, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+
+def validate(config: ConfigDict, workdir: Path) -> None:
+    """Every check that can fail before compute: grid names, train configs, workdir."""
+    grid.check_grid(config)
+    if config.num_bins < 1:
+        raise ValueError(f"config.num_bins must be >= 1, got {config.num_bins}.")
+    # The trainer's own name checks, for every method's config.
+    dataset = data_lib.get_dataset(
+        config.train.dataset.name, data_dir=config.train.dataset.data_dir or None
+    )
+    models.get_model(
+        config.train.model.name,
+        num_classes=dataset.num_classes,
+        **config.train.model.kwargs,
+    )
+    mesh_lib.check_batch_size(config.train.batch_size, mesh_lib.data_mesh())
+    train_setup.resolve_shifts(config.train, dataset)
+    for method in config.methods:
+        losses.composite(grid.train_config(config, method, 0, workdir).loss)
+    check_workdir(config, workdir)
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a JSONL file."""
+    with Path(path).open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _summary_line(method: str, seed: int, rows: list[dict], seconds: float) -> str:
+    def mean(cal, key, clean):
+        vals = [
+            r[key]
+            for r in rows
+            if r["calibrator"] == cal and (r["shift"] == "clean") == clean
+        ]
+        return float(np.mean(vals)) if vals else float("nan")
+
+    text = (
+        f"{method:>18s} seed {seed}: acc {100 * mean('none', 'accuracy', True):5.1f}%"
+        f"  ECE {100 * mean('none', 'ece', True):5.2f}%"
+    )
+    if any(r["calibrator"] == "ts:nll" for r in rows):
+        text += f"  ECE+TS {100 * mean('ts:nll', 'ece', True):5.2f}%"
+    if any(r["shift"] != "clean" for r in rows):
+        text += f"  shifted ECE {100 * mean('none', 'ece', False):5.2f}%"
+    return text + f"  ({seconds:.0f} s)"
+
+
+def ensure_trained(config: ConfigDict, workdir: Path, method: str, seed: int) -> Path:
+    """Trains (or resumes) the run of one cell unless it finished; returns its dir.
+
+    The two-stage method first ensures its stage I, the ``ce`` run of the seed.
+    """
+    train_dir = grid.train_dir(workdir, method, seed)
+    done = train_dir / "TRAINED"
+    if not done.exists():
+        if method == "two_stage":
+            ensure_trained(config, workdir, grid.STAGE_ONE, seed)
+        train_and_evaluate(
+            grid.train_config(config, method, seed, workdir), train_dir, progress=False
+        )
+        if jax.process_index() == 0:
+            done.touch()
+    return train_dir
+
+
+def run_cell(config: ConfigDict, workdir: Path, method: str, seed: int) -> list[dict]:
+    """Trains (or resumes) one cell and returns its result rows."""
+    return evaluate.cell_rows(
+        evaluate.load_logits(ensure_trained(config, workdir, method, seed)),
+        method=method,
+        seed=seed,
+        calibrators=tuple(config.calibrators),
+        num_bins=int(config.num_bins),
+    )
+
+
+def run(config: ConfigDict, workdir: str | Path) -> Path:
+    """Runs (or resumes) the whole grid and writes the report.
+
+    Args:
+      config: a benchmark config (``configs/benchmark_*.py``).
+      workdir: output directory; rerunning the same command resumes.
+
+    Returns:
+      The path of ``report.md``.
+    """
+    workdir = Path(workdir)
+    validate(config, workdir)
+    todo = grid.cells(config)
+    primary = jax.process_index() == 0
+    bar = tqdm(todo, desc="benchmark", unit="cell", disable=not primary)
+    all_rows = []
+    for method, seed in bar:
+        bar.set_postfix_str(f"{method} seed {seed}")
+        path = grid.cell_dir(workdir, method, seed) / "rows.jsonl"
+        if path.exists():
+            all_rows.extend(read_rows(path))
+            continue
+        start = time.perf_counter()
+        rows = run_cell(config, workdir, method, seed)
+        if primary:
+            _write_rows(path, rows)
+            bar.write(_summary_line(method, seed, rows, time.perf_counter() - start))
+        all_rows.extend(rows)
+    bar.close()
+    if not primary:
+        return workdir / report.REPORT_FILE
+    _write_rows(workdir / RESULTS_FILE, all_rows)
+    return report.write_report(config, workdir, all_rows)

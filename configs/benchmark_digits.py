@@ -1,0 +1,41 @@
+"""The calibration-under-shift benchmark on the bundled digits data (``make demo``).
+
+Command (from the repository root)::
+
+  python -m calib_jax.benchmark --config configs/benchmark_digits.py \
+      --workdir /tmp/benchmark_digits
+
+The whole grid: 19 training methods (every objective of
+``calib_jax.train.objectives``, interleaved SB-ECE and MaC-Cal two-stage
+retraining on the cross-entropy run) x 12 post-hoc calibrators x 3 seeds, an
+MLP trained for 30 epochs, scored on the clean test set and on the 10 JAX
+corruptions x 5 severities of it. Expected on a 2-core CPU: about 8 minutes
+(most of it one compile per method and per calibrator; a rerun reads the
+finished cells back). Variants:
+
+- ``:quick``: 7 methods x 5 calibrators x 2 seeds, 2 corruptions, 10 epochs
+  (smoke run, under 2 minutes);
+- ``:seeds=N``: N seeds (0..N-1).
+"""
+
+from configs import common
+from calib_jax.benchmark import grid
+
+QUICK_METHODS = ("ce", "focal", "ls", "acls", "sb_ece", "au_pxtau", "two_stage")
+QUICK_CALIBRATORS = ("none", "ts:nll", "ts:sb_ece", "ets", "ts+classwise")
+
+
+def get_config(arg=None):
+    a = common.parse_arg(arg, quick=False, seeds=3)
+    c = common.benchmark_base()
+    t = c.train
+    t.num_epochs = 10.0 if a.quick else 30.0
+    t.log_every = 1000
+    t.checkpoint_every = 1000
+    t.shifts.corruptions = "gaussian_noise,contrast" if a.quick else "all"
+    c.methods = QUICK_METHODS if a.quick else grid.METHODS
+    c.calibrators = QUICK_CALIBRATORS if a.quick else grid.CALIBRATORS
+    c.seeds = tuple(range(2 if a.quick and a.seeds == 3 else a.seeds))
+    # MaC-Cal stage II on digits (configs/digits_two_stage.py's settings).
+    c.two_stage.num_epochs = 10.0 if a.quick else 40.0
+    return c

@@ -1,0 +1,209 @@
+"""The benchmark end to end on a tiny digits grid: report, resume, determinism, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calib_jax.benchmark import report, runner
+from configs import benchmark_digits
+
+ROOT = Path(__file__).resolve().parents[2]
+METHODS = ("ce", "two_stage", "sb_ece")
+CALIBRATORS = ("none", "ts:nll", "ts:sb_ece")
+
+
+def tiny_config():
+    c = benchmark_digits.get_config()
+    c.methods = METHODS
+    c.calibrators = CALIBRATORS
+    c.seeds = (0, 1)
+    c.train.num_steps = 24
+    c.train.shifts.corruptions = "gaussian_noise"
+    c.train.shifts.severities = (1, 3)
+    c.two_stage.num_steps = 12
+    return c
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("bench")
+    runner.run(tiny_config(), workdir)
+    return workdir
+
+
+def _table(text: str, heading: str) -> dict[str, dict[str, str]]:
+    """``{first cell: {column: cell}}`` of the markdown table under ``heading``."""
+    block = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in block.splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    out = {}
+    for ln in lines[2:]:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        out[cells[0]] = dict(zip(header, cells))
+    return out
+
+
+def _mean_sem(values) -> str:
+    v = np.asarray(values, np.float64)
+    sem = v.std(ddof=1) / np.sqrt(v.size)
+    return f"{100 * v.mean():.2f} ± {100 * sem:.2f}"
+
+
+def test_outputs_and_report_recomputable_from_results(finished):
+    rows = [json.loads(ln) for ln in (finished / "results.jsonl").open()]
+    # methods x calibrators x seeds x (clean + 2 shifted sets)
+    assert len(rows) == 3 * 3 * 2 * 3
+    assert {r["shift"] for r in rows} == {
+        "clean",
+        "gaussian_noise/1",
+        "gaussian_noise/3",
+    }
+    for name in ("ece_vs_severity.png", "accuracy_vs_ece.png", "reliability_best.png"):
+        data = (finished / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    text = (finished / "report.md").read_text()
+
+    # Independent recomputation (plain numpy over the JSONL rows).
+    def seeds_of(method, cal, metric, shifted):
+        out = {}
+        for r in rows:
+            if (r["method"], r["calibrator"]) == (method, cal) and (
+                r["shift"] != "clean"
+            ) == shifted:
+                out.setdefault(r["seed"], []).append(r[metric])
+        return [np.mean(v) for _, v in sorted(out.items())]
+
+    for heading, metric in (
+        ("ECE with 15 equal-mass bins, l2", "ece_l2_em"),
+        ("ECE with 15 equal-width bins, l1 (focal", "ece"),
+    ):
+        table = _table(text, heading)
+        assert set(table) == set(METHODS)
+        for method in METHODS:
+            got = table[method]
+            assert got["Accuracy (clean)"] == _mean_sem(
+                seeds_of(method, "none", "accuracy", False)
+            )
+            assert got["ECE (clean)"] == _mean_sem(
+                seeds_of(method, "none", metric, False)
+            )
+            assert got["ECE+TS (shifted)"] == _mean_sem(
+                seeds_of(method, "ts:nll", metric, True)
+            )
+            assert got["ECE+TS-SB-ECE (shifted)"] == _mean_sem(
+                seeds_of(method, "ts:sb_ece", metric, True)
+            )
+    # TS preserves accuracy, the rows say so.
+    for method in METHODS:
+        assert seeds_of(method, "ts:nll", "accuracy", False) == seeds_of(
+            method, "none", "accuracy", False
+        )
+
+    claims = _table(text, "## Claims")
+    papers = " ".join(claims)
+    for paper in ("Soft calibration", "ACLS", "Class-wise", "MaC-Cal", "AU_Pxτ"):
+        assert paper in papers
+    mac = next(v for k, v in claims.items() if k.startswith("MaC-Cal"))
+    clean_diff = np.mean(seeds_of("two_stage", "none", "ece", False)) - np.mean(
+        seeds_of("ce", "none", "ece", False)
+    )
+    assert (
+        f"two_stage - ce {100 * clean_diff:+.2f}"
+        in mac["measured (paired difference, pp)"]
+    )
+
+
+def test_killed_benchmark_resumes_without_recomputing_and_is_deterministic(finished):
+    cells = sorted(finished.glob("cells/*/seed*/rows.jsonl"))
+    assert len(cells) == 6
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in cells}
+    results = (finished / "results.jsonl").read_bytes()
+    # A cell killed before it finished: no rows, no finished training run.
+    lost = finished / "cells" / "sb_ece" / "seed1"
+    (lost / "rows.jsonl").unlink()
+    for p in sorted((lost / "train").rglob("*"), reverse=True):
+        p.unlink() if p.is_file() else p.rmdir()
+    runner.run(tiny_config(), finished)
+    for p, (mtime, data) in before.items():
+        if p.parent == lost:
+            # Retrained from scratch: the same rows, bit for bit.
+            assert p.read_bytes() == data
+        else:
+            assert p.stat().st_mtime_ns == mtime  # not recomputed
+    assert (finished / "results.jsonl").read_bytes() == results
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(methods=("ce", "nope")), "Unknown method(s) 'nope'"),
+        (dict(calibrators=("none", "ts:bogus")), "Unknown calibrator(s) 'ts:bogus'"),
+        (dict(seeds=()), "grid is empty: config.seeds"),
+        (dict(methods=()), "grid is empty: config.methods"),
+    ],
+)
+def test_bad_grid_is_one_line_before_compute(tmp_path, change, message):
+    c = tiny_config()
+    for k, v in change.items():
+        setattr(c, k, v)
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        runner.run(c, tmp_path / "w")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "w").exists()
+
+
+def test_workdir_of_another_benchmark_is_refused_and_kept(tmp_path):
+    workdir = tmp_path / "w"
+    runner.check_workdir(tiny_config(), workdir)
+    saved = (workdir / runner.CONFIG_FILE).read_text()
+    other = tiny_config()
+    other.seeds = (0, 1, 2)
+    with pytest.raises(ValueError, match="different benchmark config.*seeds"):
+        runner.run(other, workdir)
+    assert (workdir / runner.CONFIG_FILE).read_text() == saved
+
+
+def test_cli_unknown_method_exits_2_with_one_line(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "calib_jax.benchmark",
+            "--config",
+            str(ROOT / "configs" / "benchmark_digits.py:quick"),
+            "--workdir",
+            str(tmp_path / "w"),
+            "--config.methods=('ce','softmax_party')",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "softmax_party" in lines[0], proc.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_verdicts_and_paired_differences():
+    rows = [
+        dict(method=m, calibrator="none", seed=s, shift="clean", severity=0, ece=v)
+        for m, vals in (("a", (0.1, 0.2, 0.3)), ("b", (0.3, 0.3, 0.6)))
+        for s, v in enumerate(vals)
+    ]
+    d = report.paired(rows, ("a", "none"), ("b", "none"), "ece")
+    diffs = np.array([-0.2, -0.1, -0.3])
+    assert d == pytest.approx((diffs.mean(), diffs.std(ddof=1) / np.sqrt(3)))
+    assert report.verdict([d]) == "holds"
+    assert report.verdict([(-0.01, 0.02)]) == "inconclusive (within 1 SEM)"
+    assert report.verdict([d, (0.05, 0.01)]) == "does not hold"

@@ -10,7 +10,9 @@ random 32x32x3 data, as a ratio to the cross-entropy step, in one run.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +23,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from _timing import machine_line, median_seconds, write_section  # noqa: E402
+from _timing import machine_line, write_section  # noqa: E402
 from calib_jax import losses, models  # noqa: E402
 from calib_jax.train import step as step_lib  # noqa: E402
 from calib_jax.train.state import create  # noqa: E402
@@ -30,7 +32,8 @@ from configs.common import OBJECTIVES  # noqa: E402
 TARGET = 1.05
 
 
-def _step_time(model, terms, images, labels, dtype) -> float:
+def _step_runner(model, terms, images, labels, dtype):
+    """A compiled, warmed-up ``run()`` doing one train step and blocking on it."""
     tx = optax.chain(optax.add_decayed_weights(5e-4), optax.sgd(0.1, momentum=0.9))
     state = jax.jit(lambda r: create(model, tx, r, images[:1]))(jax.random.key(0))
     step = jax.jit(
@@ -50,7 +53,25 @@ def _step_time(model, terms, images, labels, dtype) -> float:
         holder[0], metrics = step(holder[0], batch)
         jax.block_until_ready(metrics["loss/total"])
 
-    return median_seconds(run, repeats=5, min_time=1.0)
+    run()  # compile
+    run()
+    return run
+
+
+def interleaved_medians(runners: dict, *, rounds: int, per_sample: int) -> dict:
+    """Median step time of each runner over ``rounds`` interleaved rounds.
+
+    Every round times ``per_sample`` steps of each objective in turn, so a
+    change of machine load during the run affects all objectives alike.
+    """
+    samples = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, run in runners.items():
+            start = time.perf_counter()
+            for _ in range(per_sample):
+                run()
+            samples[name].append((time.perf_counter() - start) / per_sample)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def main(argv=None) -> None:
@@ -59,6 +80,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--objectives", default=",".join(OBJECTIVES))
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     model = models.get_model(args.model, num_classes=10, dtype=args.dtype)
@@ -66,9 +88,14 @@ def main(argv=None) -> None:
     images = jnp.asarray(rng.random((args.batch, 32, 32, 3), dtype=np.float32))
     labels = jnp.asarray(rng.integers(0, 10, args.batch).astype(np.int32))
     names = ["ce"] + [n for n in args.objectives.split(",") if n != "ce"]
-    times = {}
+    runners = {}
     for name in names:
-        times[name] = _step_time(model, OBJECTIVES[name], images, labels, args.dtype)
+        runners[name] = _step_runner(
+            model, OBJECTIVES[name], images, labels, args.dtype
+        )
+        print(f"compiled {name}", flush=True)
+    times = interleaved_medians(runners, rounds=args.rounds, per_sample=3)
+    for name in names:
         print(f"{name:14s} {times[name] * 1e3:9.1f} ms/step", flush=True)
     base = times["ce"]
     rows = []
@@ -83,8 +110,9 @@ def main(argv=None) -> None:
     body = "\n".join(
         [
             f"Full jitted train step of {args.model}, batch {args.batch}, random "
-            f"32x32x3 images, {args.dtype}, SGD momentum + L2; median of 5 samples "
-            "after compile, in one run.",
+            f"32x32x3 images, {args.dtype}, SGD momentum + L2; median over "
+            f"{args.rounds} interleaved rounds (3 steps of every objective in turn "
+            "each round) after compile, in one run.",
             "",
             f"Machine: {machine_line()}. Command: "
             f"`.venv/bin/python benchmarks/train_step.py --model {args.model} "

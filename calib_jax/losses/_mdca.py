@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax.losses._common import prepare
+from calib_jax.losses._margin import _unfused
 from calib_jax.losses._rows import _clean
 
 
@@ -63,12 +64,54 @@ def mdca(
 def _mdca(logits, labels, mask):
     logits = _clean(logits, mask)
     dtype = logits.dtype
-    # The shift is a constant (softmax is shift invariant).
-    e = jnp.exp(logits - lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
-    probs = e / jnp.sum(e, axis=-1, keepdims=True)
     mf = mask.astype(dtype)
-    mean_prob = jnp.sum(probs * mf[:, None], axis=0)
+    mean_prob = _prob_sums(logits, mf)
     # Label frequencies by a scatter-add of B ones (no [B, K] one-hot).
-    freq = jnp.zeros(probs.shape[-1], dtype).at[labels].add(mf)
+    freq = jnp.zeros(logits.shape[-1], dtype).at[labels].add(mf)
     n = jnp.maximum(jnp.sum(mf), 1.0)
     return jnp.mean(jnp.abs((mean_prob - freq) / n))
+
+
+@jax.custom_jvp
+def _prob_sums(x, w):
+    r"""``sum_i w_i softmax(x_i)``, ``[K]``, from one exponential pass.
+
+    The row max, the exponentials ``e`` (written once), the row sums ``z`` and
+    the weighted column sums of ``e / z`` as a vector-matrix product. The rule
+    states the derivative
+
+    .. math::  dP_k = \sum_i w_i p_{ik} (t_{ik} - \textstyle\sum_j p_{ij} t_{ij})
+        + \sum_i p_{ik}\, dw_i,
+
+    written with products against ``e``, so that its transpose (the gradient
+    ``w_i p_ik (a_k - sum_j p_ij a_j)``) is one matrix-vector product and one
+    elementwise pass over ``e``, instead of autodiff's softmax backward through
+    the division and the shifted maximum.
+    """
+    return _prob_parts(x, w)[0]
+
+
+def _prob_parts(x, w):
+    # The shift is a constant (softmax is shift invariant); _unfused keeps it a
+    # reduction of its own, so that XLA:CPU does not write x - max out.
+    m = _unfused(jnp.max(x, axis=-1))
+    e = jnp.exp(x - m[:, None])
+    z = jnp.sum(e, axis=-1)
+    return _vecmat(w / z, e), e, z
+
+
+def _vecmat(v, a):
+    """``sum_i v_i a_ik`` at full float precision, ``[K]``."""
+    return jnp.dot(v, a, precision=lax.Precision.HIGHEST)
+
+
+@_prob_sums.defjvp
+def _prob_sums_jvp(primals, tangents):
+    x, w = primals
+    t, dw = tangents
+    sums, e, z = _prob_parts(x, w)
+    c = w / z  # p_ik w_i = c_i e_ik
+    p_t = jnp.sum(e * t, axis=-1) / z  # sum_k p_ik t_ik
+    dsums = jnp.sum(c[:, None] * e * t, axis=0) - _vecmat(c * p_t, e)
+    dsums = dsums + _vecmat(dw / z, e)
+    return sums, dsums

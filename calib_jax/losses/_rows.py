@@ -14,32 +14,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax.losses._margin import _no_tangent, _row_reduce, _unfused
+
 
 def _clean(logits: jax.Array, mask: jax.Array) -> jax.Array:
     """Zeroes excluded rows so that their NaN/inf reach neither value nor gradient."""
     return jnp.where(mask[:, None], logits, jnp.zeros_like(logits))
-
-
-def _pick(x: jax.Array, idx: jax.Array) -> jax.Array:
-    """``x[b, idx[b]]`` as a masked row sum, ``[B]``.
-
-    Same value as a gather, but it (and its transpose) is elementwise work that
-    fuses with the other ``[B, K]`` passes instead of a gather/scatter.
-    """
-    cols = lax.broadcasted_iota(jnp.int32, x.shape, 1)
-    return jnp.sum(jnp.where(cols == idx[:, None], x, jnp.zeros_like(x)), axis=-1)
-
-
-def _top_weight(e: jax.Array) -> jax.Array:
-    """Weight ``1[top] / n_top`` of the maximal entries, from ``e = exp(s)``.
-
-    The maxima are the entries with ``exp(s) == 1`` (``s`` within rounding of
-    0: about 6e-8 in float32), so the tie count is a reduction over ``e``
-    itself, which keeps XLA:CPU from materialising another ``[B, K]`` array.
-    Tied maxima share the derivative evenly, as for ``jnp.max``.
-    """
-    top = jnp.floor(e)
-    return top / jnp.sum(top, axis=-1, keepdims=True)
 
 
 class _Rows(NamedTuple):
@@ -75,10 +55,17 @@ def _row_stats(
         dc = c\,(\bar t_{\text{top}} - \textstyle\sum_k p_k t_k), \quad
         dh = -\textstyle\sum_k p_k(\log p_k + h)\,t_k,
 
-    (:math:`\bar t_{\text{top}}` the mean tangent over tied maxima, see
-    :func:`_top_weight`), which JAX
-    transposes into a single fused ``[B, K]`` pass for the gradient; forward
-    mode and higher derivatives keep working. No ``argmax`` is used: on CPU it
+    (:math:`\bar t_{\text{top}}` the mean tangent over tied maxima), which
+    JAX transposes into a single fused ``[B, K]`` pass for the gradient (the
+    row sums it needs, such as the tie count, come from the forward pass; the
+    label entry is a gather, whose transpose is an in-place scatter); forward
+    mode and higher derivatives keep working.
+
+    The maxima are the entries with ``exp(s) == 1`` (``s`` within rounding of
+    0: about 6e-8 in float32); tied maxima share the derivative evenly, as for
+    ``jnp.max``. The forward pass is one max reduction, one exponential pass
+    (``e`` written once, as for cross-entropy) and one reduction over ``e``
+    (plus one for the entropy). No ``argmax`` is used: on CPU it
     is a slow variadic reduction. Correctness is :math:`z_y = \max_k z_k`, so on
     an exact tie for the top logit a label among the tied classes counts as
     correct (ties have probability zero for continuous logits).
@@ -87,16 +74,28 @@ def _row_stats(
     has_labels = labels is not None
 
     def forward(x, labels):
-        s = x - jnp.max(x, axis=-1, keepdims=True)
+        # The row max is its own reduction; _unfused keeps XLA:CPU from fusing
+        # the broadcast ``x - max`` into it and writing ``s`` out as a [B, K]
+        # array next to ``e`` (measured at (4096, 1000): the exponential then
+        # runs as a separate, slower single-op loop).
+        m = _unfused(jnp.max(x, axis=-1))
+        s = x - m[:, None]
         e = jnp.exp(s)
-        z = jnp.sum(e, axis=-1)
+        if entropy:
+            # The tie count goes with sum_k e_k s_k (a loop that reads x and e;
+            # XLA:CPU would otherwise write s out as a [B, K] array), z is a
+            # plain sum.
+            z = jnp.sum(e, axis=-1)
+            ses, n_top = _sum_and_top_count(e * s, e)
+        else:
+            z, n_top = _sum_and_top_count(e, e)
         log_z = jnp.log(z)
-        aux = {"s": s, "e": e, "z": z, "log_z": log_z}
+        aux = {"s": s, "e": e, "z": z, "log_z": log_z, "n_top": n_top}
         outs = {}
         if has_labels:
             # A gather (no derivative is taken through it: the rule below is
             # explicit), computed here rather than outside the custom rule.
-            s_y = jnp.take_along_axis(s, labels[:, None], axis=-1)[:, 0]
+            s_y = jnp.take_along_axis(x, labels[:, None], axis=-1)[:, 0] - m
             outs["correct"] = (s_y == 0).astype(x.dtype)
             if ce:
                 outs["ce"] = log_z - s_y
@@ -105,16 +104,20 @@ def _row_stats(
             if conf:
                 outs["conf"] = c
         if entropy:
-            aux["h"] = outs["entropy"] = log_z - jnp.sum(e * s, axis=-1) / z
+            h = log_z - ses / z
+            # n_top >= 1 in every row with a finite max (exp(0) == 1), and h is
+            # NaN in every other row, so this select changes no value; it uses
+            # n_top, which keeps the reduction that makes it a two-output loop
+            # when nothing else needs the count (XLA:CPU drops unused outputs).
+            h = jnp.where(n_top > 0, h, jnp.full_like(h, jnp.nan))
+            aux["h"] = outs["entropy"] = h
         if margin:
-            # Maxima as in _top_weight (exp(s) == 1); a tie at the top means
+            # Maxima as above (exp(s) == 1); a tie at the top means
             # p_(2) = p_(1) and a margin of 0. e2 = exp(s_(2)) is read off e (the
             # largest entry below 1) without a select, which XLA:CPU fuses.
-            top = jnp.floor(e)
-            n_top = jnp.sum(top, axis=-1)
-            e2 = jnp.max(e - top, axis=-1)
+            e2 = jnp.max(e - jnp.floor(e), axis=-1)
             e2 = jnp.where(n_top > 1, jnp.ones_like(e2), e2)
-            aux.update(n_top=n_top, e2=e2)
+            aux["e2"] = e2
             outs["margin"] = c * (1.0 - e2)  # p1 - p2 = c (1 - e^{s2})
         return outs, aux
 
@@ -127,7 +130,9 @@ def _row_stats(
         # Every output tangent is a combination of a few row sums
         # sum_k W[b, k] t[b, k] over fixed bases W (p, the label one-hot, the
         # top indicator, p * s), so the transpose (the gradient) is a single
-        # elementwise pass over those bases.
+        # elementwise pass over those bases. Row statistics (z, the tie count)
+        # come from the forward pass, so only the margin's runner-up count is
+        # a reduction in the gradient program.
         (x, labels), (t, _) = primals, tangents
         outs, aux = forward(x, labels)
         s, e, z, log_z = aux["s"], aux["e"], aux["z"], aux["log_z"]
@@ -137,9 +142,17 @@ def _row_stats(
         if has_labels:
             touts["correct"] = jnp.zeros_like(outs["correct"])
         if ce:
-            touts["ce"] = p_t - _pick(t, labels)
+            # A gather: its transpose is an in-place scatter into the gradient,
+            # much cheaper on XLA:CPU than a [B, K] compare with the labels.
+            t_y = jnp.take_along_axis(t, labels[:, None], axis=-1)[:, 0]
+            touts["ce"] = p_t - t_y
         if want_top:
-            dc = aux["c"] * (jnp.sum(_top_weight(e) * t, axis=-1) - p_t)
+            n_top = aux["n_top"].astype(x.dtype)
+            # e >= 1 is the top indicator (e <= 1); a select vectorises better
+            # on XLA:CPU than the product floor(e) * t.
+            top = jnp.where(e >= 1.0, t, jnp.zeros_like(t))
+            top_t = jnp.sum(top, axis=-1) / n_top
+            dc = aux["c"] * (top_t - p_t)
             if conf:
                 touts["conf"] = dc
         if entropy:
@@ -162,6 +175,26 @@ def _row_stats(
     if "correct" in outs:
         outs["correct"] = lax.stop_gradient(outs["correct"])
     return _Rows(**{name: outs.get(name) for name in _Rows._fields})
+
+
+@jax.custom_jvp
+def _sum_and_top_count(v: jax.Array, e: jax.Array):
+    """``(sum_k v_k, #{k: e_k == 1})`` per row from one variadic reduction.
+
+    ``e = exp(s)`` with ``s <= 0``, so ``e >= 1`` marks the maxima (see
+    :func:`_row_stats`); the count is int32. XLA:CPU emits the pair as one
+    vectorised loop over the classes that also computes ``v`` and ``e`` (see
+    ``_margin._row_reduce``). The rule keeps the sum differentiable (higher
+    derivatives of :func:`_row_stats` go through it).
+    """
+    return _row_reduce((v, (e >= 1.0).astype(jnp.int32)), (0, 0), (lax.add, lax.add))
+
+
+@_sum_and_top_count.defjvp
+def _sum_and_top_count_jvp(primals, tangents):
+    (v, e), (dv, _) = primals, tangents
+    out = _sum_and_top_count(v, e)
+    return out, (jnp.sum(dv, axis=-1), _no_tangent(out[1]))
 
 
 def _safe_pow(x: jax.Array, exponent) -> jax.Array:

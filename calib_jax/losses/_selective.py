@@ -231,6 +231,8 @@ def aurc(
     """
     csf = _check_csf(csf)
     logits, labels, mask = prepare(logits, labels, where)
+    if logits.shape[0] == 0:  # an empty batch: 0, like every batch-level loss
+        return jnp.zeros((), logits.dtype)
     return _aurc(logits, labels, mask, csf=csf)
 
 
@@ -243,8 +245,14 @@ def _aurc(logits, labels, mask, *, csf):
     # G, the CDF in the weight -ln(1 - G) of Def. 3.3, enters only through the
     # ranking, which is piecewise constant: no gradient flows through it.
     score = lax.stop_gradient(_score(csf, rows))
-    key = jnp.where(mask, -score, jnp.inf)  # descending score, excluded rows last
-    key, ce = lax.sort((key, ce), num_keys=1)
+    # Descending score, excluded rows last; + 0.0 maps -0.0 to +0.0 so that
+    # equal scores get equal integer keys.
+    key = _sortable(jnp.where(mask, -score, jnp.inf) + 0.0)
+    # Only the keys are sorted (an integer sort without a payload, several
+    # times faster on XLA:CPU than sorting (score, loss) pairs); each sample
+    # finds the first sorted position of its tie group by binary search.
+    key_sorted = lax.sort(key)
+    first = jnp.searchsorted(key_sorted, key, side="left", method="scan")
     b = key.shape[0]
     n = jnp.sum(mask.astype(dtype))
     rank = jnp.arange(1, b + 1, dtype=dtype)
@@ -252,12 +260,22 @@ def _aurc(logits, labels, mask, *, csf):
     # alpha_r = sum_{m=r}^{n} 1/m, summed from the small end for accuracy.
     alpha = jnp.cumsum(inv[::-1])[::-1]
     # Tied scores share the mean alpha of their group.
-    new_group = jnp.concatenate([jnp.ones((1,), bool), key[1:] != key[:-1]])
+    new_group = jnp.concatenate(
+        [jnp.ones((1,), bool), key_sorted[1:] != key_sorted[:-1]]
+    )
     group = jnp.cumsum(new_group.astype(jnp.int32)) - 1
     group_sum = jax.ops.segment_sum(alpha, group, num_segments=b)
     group_size = jax.ops.segment_sum(jnp.ones_like(alpha), group, num_segments=b)
-    alpha = (group_sum / jnp.maximum(group_size, 1.0))[group]
+    alpha = (group_sum / jnp.maximum(group_size, 1.0))[group[first]]
     return jnp.sum(alpha * ce) / jnp.maximum(n, 1.0)
+
+
+def _sortable(x: jax.Array) -> jax.Array:
+    """Signed integers ordered as the floats ``x`` (no NaN, no -0.0), ``[B]``."""
+    itype = jnp.int64 if x.dtype == jnp.float64 else jnp.int32
+    bits = lax.bitcast_convert_type(x, itype)
+    # Negative floats order by decreasing magnitude: flip all but the sign bit.
+    return jnp.where(bits < 0, bits ^ jnp.iinfo(itype).max, bits)
 
 
 # ---------------------------------------------------------------------------

@@ -206,7 +206,10 @@ def sb_ece_from_confidences(
         gap = jnp.sum(u * (acc - conf)[:, None], axis=0) / safe_size
         total = jnp.sum(jnp.where(occupied, size * _safe_pow(jnp.abs(gap), p), 0.0))
     else:
-        bin_acc = jnp.sum(u * acc[:, None], axis=0) / safe_size  # A_j, Eq. (10)
+        # A_j, Eq. (10), as 1 - sum_i u_ij (1 - a_i) / S_j: the same quantity,
+        # but a bin of accurate samples gets A_j == 1 exactly (a zero sum),
+        # whatever order XLA sums S_j in.
+        bin_acc = 1.0 - jnp.sum(u * (1.0 - acc)[:, None], axis=0) / safe_size
         dev = _safe_pow(jnp.abs(bin_acc[None, :] - conf[:, None]), p)
         total = jnp.sum(jnp.where(occupied[None, :], u * dev, 0.0))
     return _safe_pow(total / n, 1.0 / p)

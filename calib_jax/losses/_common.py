@@ -2,7 +2,9 @@
 
 Everything here runs at trace time on static information (dtypes, shapes,
 concrete Python hyperparameters) and adds nothing to the compiled computation
-beyond the upcast and the mask.
+beyond the upcast and the mask. The last section holds the fused row-reduction
+helpers shared by the loss modules (``_row_reduce``, ``_unfused``,
+``_no_tangent``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 
 def prepare(logits, labels, where=None):
@@ -177,3 +180,49 @@ def check_unit_interval(name: str, value, *, closed_left: bool = False) -> None:
     if not ok:
         interval = "[0, 1]" if closed_left else "(0, 1]"
         raise ValueError(f"{name} must lie in {interval}, got {v}.")
+
+
+# ---------------------------------------------------------------------------
+# Fused row statistics (shared by _primary, _focal, _margin and _rows).
+# ---------------------------------------------------------------------------
+
+
+def _row_reduce(operands, inits, combiners):
+    """Reduces each ``[B, K]`` operand over the classes in one variadic reduction.
+
+    Returns one ``[B]`` array per operand. The operands are constants for
+    autodiff: the callers are ``custom_jvp`` rules that state the derivatives.
+
+    Why a variadic reduction: XLA:CPU emits it as a single loop over the
+    classes that fuses the elementwise producers of all operands (compares and
+    selects included), so ``[B, K]`` is read once and nothing is materialised.
+    Measured at (4096, 1000), jax 0.10: the loop stays vectorised with at most
+    one floating-point sum among the outputs next to integer sums or minima, or
+    with floating-point maxima and minima only; two float sums, a float sum next
+    to a float max, or an infinite constant in an operand's select fall back to
+    a scalar loop (about 10x slower). Every output must be used: XLA drops the
+    unused ones, and a reduction left with a single output is planned as a
+    materialised ``[B, K]`` select plus a separate reduction.
+    """
+    operands = tuple(lax.stop_gradient(op) for op in operands)
+    inits = tuple(jnp.asarray(v, op.dtype) for v, op in zip(inits, operands))
+
+    def combine(a, b):
+        return tuple(f(u, v) for f, u, v in zip(combiners, a, b))
+
+    return lax.reduce(operands, inits, combine, (1,))
+
+
+def _no_tangent(x: jax.Array) -> np.ndarray:
+    """The (float0) tangent of an integer output of a ``custom_jvp`` rule."""
+    return np.zeros(x.shape, jax.dtypes.float0)
+
+
+def _unfused(x: jax.Array) -> jax.Array:
+    """Identity (NaN stays NaN) on a reduction result ``[B]``.
+
+    The select stops XLA:CPU from growing the (library) reduction that makes
+    ``x`` into its ``[B] -> [B, K]`` broadcast, which it would then write out
+    as a full ``[B, K]`` array.
+    """
+    return jnp.where(jnp.isnan(x), jnp.nan, x)

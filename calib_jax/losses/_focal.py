@@ -18,15 +18,18 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax.losses._common import (
+    _no_tangent,
+    _row_reduce,
     check_nonnegative,
     check_unit_interval,
     prepare,
     zero_masked,
 )
-from calib_jax.losses._margin import _no_tangent, _row_reduce
 from calib_jax.losses._primary import (
     _check_num_classes,
+    _clamped_exp,
     _clean,
+    _rest_max,
     _take_col,
     _true_vs_rest,
 )
@@ -389,51 +392,33 @@ def _dual_parts(z, labels):
     """``(z_true, z_rest_max, rest_sum, first)`` per row.
 
     ``z_y``, ``max_{k != y} z_k``, ``sum_{k != y} exp(z_k - z_rest_max)`` and
-    the first arg-max among the non-true classes (int32): the statistics of
-    ``_primary._true_vs_rest(..., rest_max_grad=True)`` from two fused row
-    reductions (see ``_margin._row_reduce``), without its separate arg-max
-    pass. ``z_rest_max`` carries the gradient of its first arg-max; the
-    derivative of ``rest_sum`` holds ``z_rest_max`` fixed, so
-    ``stop_gradient(z_rest_max) + log(rest_sum)`` is the log-sum-exp with its
-    exact derivatives (all orders). The backward pass is one elementwise pass
-    over the exponentials, which the forward pass writes once.
+    the first arg-max among the non-true classes (int32). The maximum comes
+    from ``_primary._rest_max`` (no compare with the label), the sum is
+    ``sum_k c_k - c_y`` with ``c = exp(min(z - z_rest_max, 0))`` as in
+    ``_primary._true_vs_rest`` (``>= 1`` minus a term ``<= 1``: nothing
+    cancels), and one fused reduction over the stored ``c`` gives the sum and
+    the arg-max (see ``_common._row_reduce``). ``z_rest_max`` carries the
+    gradient of its first arg-max; the derivative of ``rest_sum`` holds
+    ``z_rest_max`` fixed, so ``stop_gradient(z_rest_max) + log(rest_sum)`` is
+    the log-sum-exp with its exact derivatives (all orders). The backward pass
+    is one elementwise pass over ``c`` plus two in-place scatters (the label
+    and the arg-max entries, gathers in the rule).
     """
     k = z.shape[1]
-    finfo = jnp.finfo(z.dtype)
+    z_true = _take_col(z, labels)
+    z_rest_max = _rest_max(z, z_true)
     cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
-    is_true = cols == labels[:, None]
-    # Finite sentinels, not -inf/+inf: those make XLA:CPU emit a scalar loop.
-    # (The max differs from -inf only when every non-true logit is -inf.)
-    z_rest_max, true_min = _row_reduce(
-        (jnp.where(is_true, finfo.min, z), jnp.where(is_true, z, finfo.max)),
-        (-jnp.inf, jnp.inf),
-        (lax.max, lax.min),
-    )
-    # true_min is z_y except for z_y = +inf (the sentinel); the gather restores
-    # that case (maximum keeps NaN).
-    z_true = jnp.maximum(true_min, _take_col(z, labels))
-    shift = z_rest_max[:, None]
-    rest_sum, first = _row_reduce(
+    c = _clamped_exp(z - z_rest_max[:, None])  # the same expression as the rule's
+    total, first = _row_reduce(
         (
-            _rest_exp(z, is_true, shift),
-            jnp.where((z == shift) & ~is_true, cols, k),
+            c,
+            jnp.where((z == z_rest_max[:, None]) & (cols != labels[:, None]), cols, k),
         ),
         (0, k),
         (lax.add, lax.min),
     )
+    rest_sum = total - _clamped_exp(z_true - z_rest_max)
     return z_true, z_rest_max, rest_sum, first
-
-
-def _rest_exp(z, is_true, shift):
-    """``exp(z_k - shift)`` for ``k != y``, 0 for the true class.
-
-    ``z_k - shift > 0`` only for the true class; clamping it to 0 keeps that
-    (discarded) exponential finite, so no ``0 * inf`` reaches a derivative of
-    this expression. The primal and the rule share it, so XLA computes the
-    exponentials once.
-    """
-    d = z - shift
-    return jnp.where(is_true, 0.0, jnp.exp(jnp.where(d > 0, 0.0, d)))
 
 
 @_dual_parts.defjvp
@@ -441,11 +426,9 @@ def _dual_parts_jvp(primals, tangents):
     z, labels = primals
     dz, _ = tangents
     out = _dual_parts(z, labels)
-    _, z_rest_max, _, first = out
-    cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
-    is_true = cols == labels[:, None]
-    dtrue = jnp.sum(jnp.where(is_true, dz, 0.0), axis=1)
-    drest_max = jnp.sum(jnp.where(cols == first[:, None], dz, 0.0), axis=1)
-    e = _rest_exp(z, is_true, lax.stop_gradient(z_rest_max)[:, None])
-    drest_sum = jnp.sum(e * dz, axis=1)
-    return out, (dtrue, drest_max, drest_sum, _no_tangent(first))
+    z_true, z_rest_max, _, first = out
+    shift = lax.stop_gradient(z_rest_max)
+    c = _clamped_exp(z - shift[:, None])
+    dtrue = _take_col(dz, labels)
+    drest_sum = jnp.sum(c * dz, axis=1) - _clamped_exp(z_true - shift) * dtrue
+    return out, (dtrue, _take_col(dz, first), drest_sum, _no_tangent(first))

@@ -14,10 +14,16 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-from calib_jax.losses._common import check_nonnegative, prepare, zero_masked
+from calib_jax.losses._common import (
+    _no_tangent,
+    _row_reduce,
+    _unfused,
+    check_nonnegative,
+    prepare,
+    zero_masked,
+)
 from calib_jax.losses._primary import (
     _check_num_classes,
     _clean,
@@ -27,52 +33,6 @@ from calib_jax.losses._primary import (
 
 # Largest [B, block, K] pairwise slab CPC materialises at once (elements).
 _PAIR_BLOCK_ELEMENTS = 1 << 22
-
-
-# ---------------------------------------------------------------------------
-# Fused row statistics (shared with the dual focal loss).
-# ---------------------------------------------------------------------------
-
-
-def _row_reduce(operands, inits, combiners):
-    """Reduces each ``[B, K]`` operand over the classes in one variadic reduction.
-
-    Returns one ``[B]`` array per operand. The operands are constants for
-    autodiff: the callers are ``custom_jvp`` rules that state the derivatives.
-
-    Why a variadic reduction: XLA:CPU emits it as a single loop over the
-    classes that fuses the elementwise producers of all operands (compares and
-    selects included), so ``[B, K]`` is read once and nothing is materialised.
-    Measured at (4096, 1000), jax 0.10: the loop stays vectorised with at most
-    one floating-point sum among the outputs next to integer sums or minima, or
-    with floating-point maxima and minima only; two float sums, a float sum next
-    to a float max, or an infinite constant in an operand's select fall back to
-    a scalar loop (about 10x slower). Every output must be used: XLA drops the
-    unused ones, and a reduction left with a single output is planned as a
-    materialised ``[B, K]`` select plus a separate reduction.
-    """
-    operands = tuple(lax.stop_gradient(op) for op in operands)
-    inits = tuple(jnp.asarray(v, op.dtype) for v, op in zip(inits, operands))
-
-    def combine(a, b):
-        return tuple(f(u, v) for f, u, v in zip(combiners, a, b))
-
-    return lax.reduce(operands, inits, combine, (1,))
-
-
-def _no_tangent(x: jax.Array) -> np.ndarray:
-    """The (float0) tangent of an integer output of a ``custom_jvp`` rule."""
-    return np.zeros(x.shape, jax.dtypes.float0)
-
-
-def _unfused(x: jax.Array) -> jax.Array:
-    """Identity (NaN stays NaN) on a reduction result ``[B]``.
-
-    The select stops XLA:CPU from growing the (library) reduction that makes
-    ``x`` into its ``[B] -> [B, K]`` broadcast, which it would then write out
-    as a full ``[B, K]`` array.
-    """
-    return jnp.where(jnp.isnan(x), jnp.nan, x)
 
 
 # ---------------------------------------------------------------------------

@@ -268,3 +268,100 @@ def test_dual_focal_at_tied_logits():
 def test_dual_focal_rejects_unknown_variant():
     with pytest.raises(ValueError, match="variant"):
         dual_focal(*_batch(10), variant="code")
+
+
+# --- the shared true-vs-rest statistics at extreme rows ----------------------
+
+# Label the unique maximum far above the rest (every other exponential
+# underflows in float32 against the row max), tied with it, just below it,
+# far below it; logits of magnitude 1e4.
+_EXTREME_LOGITS = np.array(
+    [
+        [200.0, 0.0, -5.0, 1.0, 2.0, 3.0],
+        [30.0, 0.0, -5.0, 1.0, 2.0, 3.0],
+        [5.0, 5.0, 0.0, 0.0, 0.0, 0.0],
+        [5.0, 5.0, 0.0, 0.0, 0.0, 0.0],
+        [0.0, 50.0, 0.0, 0.0, 0.0, 0.0],
+        [3.0, 2.9999998, 0.0, 1.0, 2.0, -1.0],
+        [1e4, 0.0, -1e4, 0.0, 0.0, 0.0],
+        [-1e4, 1e4, 0.0, 0.0, 0.0, 0.0],
+    ],
+    np.float32,
+)
+_EXTREME_LABELS = np.array([0, 0, 1, 2, 0, 0, 0, 0], np.int32)
+
+
+def _plain_focal64(z, y, gamma, dual):
+    """Float64 focal / dual focal from the definitions, run with x64 enabled.
+
+    ``log p_y = -softplus(logsumexp_{k != y} z_k - z_y)``, so that it keeps its
+    relative accuracy as ``p_y -> 1`` (``z_y - logsumexp(z)`` does not); the
+    competitor is the first arg-max among the other classes, whose derivative
+    is the one ``dual_focal`` documents at ties.
+    """
+    others = jnp.arange(z.shape[1])[None, :] != y[:, None]
+    rest = jnp.where(others, z, -jnp.inf)
+    z_y = jnp.take_along_axis(z, y[:, None], 1)[:, 0]
+    lse_rest = jax.nn.logsumexp(rest, axis=1)
+    log_p = -jax.nn.softplus(lse_rest - z_y)
+    lse = jnp.logaddexp(lse_rest, z_y)
+    log_base = lse_rest - lse  # log(1 - p_y), also when it underflows
+    if dual:
+        first = jnp.argmax(rest, axis=1)
+        log_base = jnp.logaddexp(
+            log_base, jnp.take_along_axis(z, first[:, None], 1)[:, 0] - lse
+        )
+    return -jnp.exp(gamma * log_base) * log_p
+
+
+@pytest.mark.parametrize("dual", [False, True], ids=["focal", "dual_focal"])
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 3.0])
+def test_focal_family_at_extreme_rows_matches_float64(gamma, dual):
+    fn = dual_focal if dual else focal
+    x, y = _EXTREME_LOGITS, _EXTREME_LABELS
+    got = np.asarray(fn(x, y, gamma=gamma))
+    g = _grad(fn, x, y, gamma=gamma)
+    with jax.enable_x64(True):
+        want = np.asarray(
+            _plain_focal64(jnp.asarray(x, jnp.float64), jnp.asarray(y), gamma, dual)
+        )
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-30)
+        want = np.asarray(
+            jax.grad(lambda v: jnp.sum(_plain_focal64(v, jnp.asarray(y), gamma, dual)))(
+                jnp.asarray(x, jnp.float64)
+            )
+        )
+    assert np.all(np.isfinite(g))
+    # Rows with logits of magnitude 1e4: the competitor's log-probability is
+    # z_j* - z_y + log p_y, which rounds at ulp(2e4) ~ 2e-3; hence the looser
+    # rtol there.
+    wide = np.abs(x).max(axis=1) > 1e3
+    np.testing.assert_allclose(g[~wide], want[~wide], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g[wide], want[wide], rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "fn, kw",
+    [
+        (focal, {"gamma": 0.5}),
+        (focal, {"gamma": 3.0}),
+        (focal_adaptive, {}),
+        (dual_focal, {"gamma": 2.0}),
+    ],
+    ids=["focal_0.5", "focal_3", "focal_adaptive", "dual_focal"],
+)
+def test_focal_family_second_order_and_forward_mode(fn, kw):
+    # The custom derivative rules serve jvp, vjp and their compositions.
+    from jax.test_util import check_grads
+
+    x, y = _batch(11, b=8, k=5, scale=3.0)
+    x[0] = [30.0, 0.0, -5.0, 1.0, 2.0]  # the label far above the rest
+    y[0] = 0
+    with jax.enable_x64(True):
+        check_grads(
+            lambda v: fn(v, y, **kw),
+            (jnp.asarray(x, jnp.float64),),
+            order=2,
+            modes=("fwd", "rev"),
+            eps=1e-4,
+        )

@@ -165,3 +165,58 @@ def test_brier_is_accurate_near_certainty():
     want = 2 * math.exp(-20) / (1 + 2 * math.exp(-20))  # 1 - p_y
     want = want**2 + 2 * (math.exp(-20) / (1 + 2 * math.exp(-20))) ** 2
     np.testing.assert_allclose(brier(logits, np.array([0])), [want], rtol=1e-5)
+
+
+def _plain_brier64(z, y):
+    """Float64 Brier score from the definition (run with x64 enabled)."""
+    p = jax.nn.softmax(z, axis=1)
+    others = jnp.arange(z.shape[1])[None, :] != y[:, None]
+    rest = jnp.where(others, p, 0.0)
+    return jnp.sum(rest, axis=1) ** 2 + jnp.sum(rest * rest, axis=1)
+
+
+def test_brier_at_extreme_rows_matches_float64():
+    # The label the unique maximum far above the rest, tied with it, just
+    # below it, far below it; logits of magnitude 1e4.
+    x = np.array(
+        [
+            [200.0, 0.0, -5.0, 1.0, 2.0, 3.0],
+            [30.0, 0.0, -5.0, 1.0, 2.0, 3.0],
+            [5.0, 5.0, 0.0, 0.0, 0.0, 0.0],
+            [5.0, 5.0, 0.0, 0.0, 0.0, 0.0],
+            [0.0, 50.0, 0.0, 0.0, 0.0, 0.0],
+            [3.0, 2.9999998, 0.0, 1.0, 2.0, -1.0],
+            [1e4, 0.0, -1e4, 0.0, 0.0, 0.0],
+            [-1e4, 1e4, 0.0, 0.0, 0.0, 0.0],
+        ],
+        np.float32,
+    )
+    y = np.array([0, 0, 1, 2, 0, 0, 0, 0], np.int32)
+    got = np.asarray(brier(x, y))
+    g = np.asarray(jax.grad(lambda v: jnp.sum(brier(v, y)))(jnp.asarray(x)))
+    with jax.enable_x64(True):
+        x64 = jnp.asarray(x, jnp.float64)
+        want = np.asarray(_plain_brier64(x64, jnp.asarray(y)))
+        want_g = np.asarray(
+            jax.grad(lambda v: jnp.sum(_plain_brier64(v, jnp.asarray(y))))(x64)
+        )
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-30)
+    assert np.all(np.isfinite(g))
+    np.testing.assert_allclose(g, want_g, rtol=1e-5, atol=1e-6)
+
+
+def test_brier_second_order_and_forward_mode():
+    # The custom derivative rule serves jvp, vjp and their compositions.
+    from jax.test_util import check_grads
+
+    x, y = _batch(12, b=8, k=5, scale=3.0)
+    x[0] = [30.0, 0.0, -5.0, 1.0, 2.0]  # the label far above the rest
+    y[0] = 0
+    with jax.enable_x64(True):
+        check_grads(
+            lambda v: brier(v, y),
+            (jnp.asarray(x, jnp.float64),),
+            order=2,
+            modes=("fwd", "rev"),
+            eps=1e-4,
+        )

@@ -26,7 +26,6 @@ from ml_collections import ConfigDict
 from calib_jax.benchmark import evaluate, grid
 
 REPORT_FILE = "report.md"
-PLOTS = ("ece_vs_severity.png", "accuracy_vs_ece.png")
 # The columns of the soft-calibration paper's Table 2.
 TABLE2 = (
     ("Accuracy", "none", "accuracy"),

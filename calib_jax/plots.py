@@ -185,15 +185,22 @@ def accuracy_vs_ece(
     *,
     ece_name: str = "ECE",
     title: str | None = None,
+    outlier_gap: float = 0.1,
     path: str | os.PathLike | None = None,
 ):
-    """Scatter of accuracy against a calibration error, one labelled point a method.
+    """Scatter of accuracy against a calibration error, one point a method.
+
+    Methods are told apart by colour and marker in a legend beside the axes.
+    A method whose accuracy is more than ``outlier_gap`` below the median
+    accuracy is left out of the axes (which would otherwise be stretched
+    until the rest overlap) and named, with its values, under the plot.
 
     Args:
       points: ``{method: (accuracy, accuracy_err, ece, ece_err)}`` (fractions;
         the errors are drawn as bars, e.g. SEM over seeds).
       ece_name: x-axis label.
       title: optional title.
+      outlier_gap: accuracy gap below the median that marks an outlier.
       path: where to write a PNG (None: do not save).
 
     Returns:
@@ -204,29 +211,41 @@ def accuracy_vs_ece(
     """
     if not points:
         raise ValueError("points is empty: nothing to plot.")
-    fig = _figure(6.5, 4.5)
+    median = float(np.median([v[0] for v in points.values()]))
+    shown = {m: v for m, v in points.items() if v[0] >= median - outlier_gap}
+    left_out = [m for m in points if m not in shown]
+    fig = _figure(8.0, 4.8)
     ax = fig.subplots()
-    _distinct_colors(ax, len(points))
-    for method, (acc, acc_err, err, err_err) in points.items():
+    _distinct_colors(ax, len(shown))
+    markers = "osD^v<>pPX*h"
+    for i, (method, (acc, acc_err, err, err_err)) in enumerate(shown.items()):
         ax.errorbar(
             100 * err,
             100 * acc,
             xerr=100 * err_err,
             yerr=100 * acc_err,
-            marker="o",
+            marker=markers[i % len(markers)],
             capsize=2,
             linestyle="none",
-        )
-        ax.annotate(
-            method,
-            (100 * err, 100 * acc),
-            fontsize=7,
-            xytext=(3, 3),
-            textcoords="offset points",
+            label=method,
         )
     ax.set_xlabel(f"{ece_name} (%)")
     ax.set_ylabel("accuracy (%)")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if left_out:
+        text = "; ".join(
+            f"{m}: accuracy {100 * points[m][0]:.1f}%, {ece_name} "
+            f"{100 * points[m][2]:.1f}%"
+            for m in left_out
+        )
+        fig.text(
+            0.01,
+            0.0,
+            f"not shown (accuracy far below the rest): {text}",
+            fontsize="x-small",
+            va="bottom",
+        )
     if title:
         ax.set_title(title)
     _save(fig, path)

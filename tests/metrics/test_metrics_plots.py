@@ -58,5 +58,9 @@ def test_accuracy_vs_ece_png(tmp_path):
     offsets = [c.lines[0].get_xydata()[0] for c in fig.axes[0].containers]
     assert offsets[3][0] == pytest.approx(100 * (0.05 - 3 / 500))  # x = ECE in %
     assert offsets[3][1] == pytest.approx(100 * 0.93)  # y = accuracy in %
+    # A method far below the median accuracy is named under the plot instead.
+    fig = plots.accuracy_vs_ece(dict(points, bad=(0.3, 0.05, 0.4, 0.1)))
+    assert len(fig.axes[0].containers) == 12
+    assert "bad: accuracy 30.0%" in fig.texts[0].get_text()
     with pytest.raises(ValueError, match="empty"):
         plots.accuracy_vs_ece({})

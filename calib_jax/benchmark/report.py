@@ -36,6 +36,31 @@ TABLE2 = (
 ALL_METRICS = tuple(evaluate.METRICS)
 
 
+class Rows(list):
+    """Result rows with an index by ``(method, calibrator)``, built once.
+
+    The report asks for hundreds of aggregates; indexing avoids a scan of
+    every row for each of them. Plain lists work too (they are scanned).
+    """
+
+    def __init__(self, rows=()):
+        super().__init__(rows)
+        self.groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+        for r in self:
+            self.groups[r["method"], r["calibrator"]].append(r)
+            self.groups["*", r["calibrator"]].append(r)
+
+
+def _select(rows, method: str, calibrator: str):
+    if isinstance(rows, Rows):
+        return rows.groups.get((method, calibrator), [])
+    return [
+        r
+        for r in rows
+        if method in ("*", r["method"]) and r["calibrator"] == calibrator
+    ]
+
+
 def per_seed(rows, method, calibrator, metric, shift="clean") -> dict[int, float]:
     """``{seed: value}`` for one method, calibrator and metric.
 
@@ -44,9 +69,7 @@ def per_seed(rows, method, calibrator, metric, shift="clean") -> dict[int, float
     ``method='*'`` averages over every training method.
     """
     acc: dict[int, list[float]] = defaultdict(list)
-    for r in rows:
-        if method not in ("*", r["method"]) or r["calibrator"] != calibrator:
-            continue
+    for r in _select(rows, method, calibrator):
         if shift == "clean" or shift == 0:
             keep = r["shift"] == "clean"
         elif shift == "all":
@@ -382,6 +405,7 @@ def _plots(config: ConfigDict, workdir: Path, rows) -> list[str]:
 def write_report(config: ConfigDict, workdir: Path, rows) -> Path:
     """Writes ``report.md`` and the PNG plots under ``workdir``; returns the path."""
     workdir = Path(workdir)
+    rows = rows if isinstance(rows, Rows) else Rows(rows)
     seeds = sorted({r["seed"] for r in rows})
     shifts = sorted({r["shift"] for r in rows if r["shift"] != "clean"})
     t = config.train

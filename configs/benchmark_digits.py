@@ -5,7 +5,7 @@ Command (from the repository root)::
   python -m calib_jax.benchmark --config configs/benchmark_digits.py \
       --workdir /tmp/benchmark_digits
 
-The whole grid: 19 training methods (every objective of
+The whole grid: 20 training methods (every objective of
 ``calib_jax.train.objectives``, interleaved SB-ECE and MaC-Cal two-stage
 retraining on the cross-entropy run) x 12 post-hoc calibrators x 3 seeds, an
 MLP trained for 30 epochs, scored on the clean test set and on the 10 JAX

@@ -335,6 +335,16 @@ def claims(rows) -> list[dict]:
             for b in ("ce", "focal", "aurc")
         ],
     )
+    entry(
+        "AU_Pxτ with constant weights (`weight_grad=False`; not the paper's Eq. (27))",
+        "the same claim when the weights carry no gradient",
+        "ece",
+        "clean",
+        [
+            (f"au_pxtau_stopgrad - {b}", ("au_pxtau_stopgrad", "none"), (b, "none"))
+            for b in ("ce", "focal", "aurc")
+        ],
+    )
     return out
 
 

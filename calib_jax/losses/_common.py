@@ -162,6 +162,13 @@ def check_nonnegative(name: str, value) -> None:
         raise ValueError(f"{name} must be >= 0, got {v}.")
 
 
+def check_bool(name: str, value) -> bool:
+    """Validates a static switch (Python or NumPy bool) and returns it as bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}.")
+    return bool(value)
+
+
 def check_num_bins(num_bins) -> int:
     """Validates the static bin count and returns it as an int."""
     if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral):

@@ -27,6 +27,7 @@ _RULES: dict[str, Callable[[str, object], None]] = {
     "coverage": lambda n, v: v is None or _common.check_unit_interval(n, v),
     "epsilon": lambda n, v: _common.check_unit_interval(n, v, closed_left=True),
     "p": lambda n, v: _common.check_positive(n, v),
+    "weight_grad": _common.check_bool,
 }
 
 LossFn = Callable[..., jax.Array]

@@ -26,4 +26,6 @@ OBJECTIVES: dict[str, tuple[dict, ...]] = {
     "sb_ece": (dict(name="cross_entropy"), dict(name="sb_ece")),
     "aurc": (dict(name="aurc"),),
     "au_pxtau": (dict(name="au_pxtau"),),
+    # AU_Pxτ without the weight-gradient term of Eq. (27) (constant weights).
+    "au_pxtau_stopgrad": (dict(name="au_pxtau", weight_grad=False),),
 }

@@ -17,6 +17,7 @@ from _reference_batch import (
 )
 from jax.test_util import check_grads
 
+from calib_jax import losses
 from calib_jax.losses._selective import (
     au_pxtau,
     au_pxtau_update_hist,
@@ -179,6 +180,47 @@ def test_au_pxtau_gradient_flows_through_weights_only_below_tau():
     assert high.sum() >= 5 and (~high).sum() >= 5
     np.testing.assert_allclose(g_full[high], g_frozen[high], rtol=1e-10, atol=1e-14)
     assert np.all(np.abs(g_full[~high] - g_frozen[~high]).max(axis=1) > 1e-6)
+
+
+def test_au_pxtau_weight_grad_false_is_the_frozen_weight_gradient():
+    """weight_grad=False: same value, gradient beta_i * grad(ce_i) only."""
+    logits, labels = _batch(16, b=32)
+    tau = 0.6
+    with jax.enable_x64(True):
+        x = jnp.asarray(logits)
+
+        def frozen(v):
+            w = jax.lax.stop_gradient(au_pxtau_weights(v, tau=tau))
+            ce = -jnp.take_along_axis(jax.nn.log_softmax(v), labels[:, None], 1)[:, 0]
+            return jnp.mean(w * ce)
+
+        def off(v):
+            return au_pxtau(v, labels, tau=tau, weight_grad=False)
+
+        np.testing.assert_allclose(
+            off(x), au_pxtau(x, labels, tau=tau), rtol=1e-12, atol=0
+        )
+        np.testing.assert_allclose(
+            np.asarray(jax.grad(off)(x)),
+            np.asarray(jax.grad(frozen)(x)),
+            rtol=1e-10,
+            atol=1e-14,
+        )
+        w_grad = jax.grad(lambda v: jnp.sum(au_pxtau_weights(v, tau=tau)))(x)
+        w_off = jax.grad(
+            lambda v: jnp.sum(au_pxtau_weights(v, tau=tau, weight_grad=False))
+        )(x)
+    assert np.abs(np.asarray(w_grad)).max() > 1e-3
+    assert np.all(np.asarray(w_off) == 0.0)
+
+
+@pytest.mark.parametrize("bad", [0, 1, "yes", None])
+def test_au_pxtau_weight_grad_must_be_a_bool(bad):
+    logits, labels = _batch(17, b=8)
+    with pytest.raises(ValueError, match="weight_grad must be True or False"):
+        au_pxtau(logits.astype(np.float32), labels, weight_grad=bad)
+    with pytest.raises(ValueError, match="weight_grad must be True or False"):
+        losses.get_loss("au_pxtau", weight_grad=bad)
 
 
 def test_coverage_sets_the_fraction_of_low_confidence_samples():

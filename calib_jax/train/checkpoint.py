@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from calib_jax.train.state import TrainState
 
@@ -18,7 +19,10 @@ class Checkpointer:
     shardings of a freshly initialised state), so arrays come back with the
     shardings the step expects. A checkpoint that cannot be read (partially
     written, truncated or missing files) is skipped with a warning that names
-    it, and the previous one is tried; nothing is deleted.
+    it, and the previous one is tried. Once a readable one is found, the
+    unreadable newer ones are moved (not deleted) to
+    ``<workdir>/checkpoints_unreadable/<step>``, so that training saves those
+    steps again when it reaches them.
     """
 
     def __init__(self, workdir: str | Path, *, max_to_keep: int | None = 3):
@@ -40,6 +44,7 @@ class Checkpointer:
 
     def restore_latest(self, abstract_state: TrainState) -> TrainState | None:
         """The newest readable checkpoint, or None when there is none."""
+        unreadable = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 restored = self.manager.restore(
@@ -48,7 +53,6 @@ class Checkpointer:
                         state=ocp.args.StandardRestore(abstract_state)
                     ),
                 )
-                return restored["state"]
             except Exception as e:  # noqa: BLE001 - any read failure means skip it
                 logging.warning(
                     "Skipping unreadable checkpoint %s (%s: %s); trying the previous one.",
@@ -56,7 +60,35 @@ class Checkpointer:
                     type(e).__name__,
                     str(e).splitlines()[0] if str(e) else "",
                 )
+                unreadable.append(step)
+                continue
+            self._set_aside(unreadable)
+            return restored["state"]
+        self._set_aside(unreadable)
         return None
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Moves unreadable step directories out of the manager's way."""
+        if not steps:
+            return
+        if jax.process_index() == 0:
+            aside = self.directory.parent / "checkpoints_unreadable"
+            aside.mkdir(exist_ok=True)
+            for step in steps:
+                target = aside / str(step)
+                n = 1
+                while target.exists():  # the same step went bad before
+                    target, n = aside / f"{step}.{n}", n + 1
+                (self.directory / str(step)).rename(target)
+                logging.warning(
+                    "Moved unreadable checkpoint %s to %s; step %d will be saved again.",
+                    self.directory / str(step),
+                    target,
+                    step,
+                )
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("calib_jax_checkpoint_set_aside")
+        self.manager.reload()
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

@@ -77,4 +77,13 @@ def test_unreadable_latest_checkpoint_is_skipped_with_a_warning(tmp_path, caplog
     ckpt.close()
     assert int(jax.device_get(state.step)) == 20
     assert any(str(latest) in r.getMessage() for r in caplog.records)
-    assert latest.exists()  # nothing is deleted
+    # Moved aside with its files, not deleted.
+    aside = tmp_path / "checkpoints_unreadable" / "30"
+    assert not latest.exists() and aside.is_dir() and any(aside.rglob("*"))
+    # Resuming retrains steps 21..30 and saves step 30 again, readable this time.
+    loop.train_and_evaluate(config, tmp_path)
+    assert latest.is_dir()
+    ckpt = Checkpointer(tmp_path)
+    state = ckpt.restore_latest(run.abstract_state)
+    ckpt.close()
+    assert int(jax.device_get(state.step)) == 30

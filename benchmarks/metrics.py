@@ -53,10 +53,13 @@ Notes:
 - `ece` reads `probs` once: one max-reduction over packed uint32 keys
   (probability bits and two label flags) gives the confidence and the argmax
   correctness together, so there is no separate argmax pass and no label
-  gather. At K = 1000 the rows are reduced in blocks of 25 classes, which
-  leaves the `[N, K/25]` uint32 keys seen in the XLA temp column; the floor's
-  NaN-propagating float max is slower than that integer reduction, hence a
-  ratio below 1.
+  gather. At K = 1000 the rows are reduced in blocks of 25 classes (XLA:CPU
+  reduces uint32 rows wider than 32 about 10x slower), which leaves the
+  `[N, K/25]` uint32 keys seen in the XLA temp column; reading those back
+  costs about 0.2x the floor, and the blocked key reduction alone about
+  1.3x. The floor itself moves between processes at this size (11-17 ms for
+  the same 381 MiB array, with `ece` moving with it), so this ratio has
+  ranged from 0.89x to 1.6x over runs.
 - (1,000,000, 10) misses the 1.5x target: with 10 floats per row, the
   per-row work after the read (bin index, then one scatter-add per row;
   XLA:CPU scatter is a scalar loop of about 1 ns per row) costs about 0.6x

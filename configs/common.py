@@ -82,6 +82,10 @@ def base() -> ml_collections.ConfigDict:
     c.log_every = 50
     c.eval_every = 0  # 0 = only at the end
     c.checkpoint_every = 500
+    # A run whose loss or parameters turn non-finite stops with an error and
+    # keeps its good checkpoints. True re-runs the step that made a NaN
+    # operation by operation and names the operation (slow; for debugging).
+    c.debug_nans = False
 
     # Shifted test sets: 'all', 'none' or a comma-separated list of corruption
     # names; severities in 1..5. With dataset='' they are the JAX corruptions of

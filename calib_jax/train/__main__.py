@@ -5,7 +5,9 @@ Multi-host: run the same command on every host with ``--coordinator_address``,
 :mod:`calib_jax.train.distributed`.
 
 User errors (a config typo, an unknown name, a bad workdir) end the run with one
-line on stderr and exit code 2, before any compute starts.
+line on stderr and exit code 2, before any compute starts. A run that diverges
+(non-finite loss or parameters) ends with one line and exit code 3; its good
+checkpoints are kept.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def main(argv):
         summary = train_and_evaluate(config, _WORKDIR.value)
     except ValueError as e:
         fail(str(e))
+    except FloatingPointError as e:  # a diverged run (see calib_jax.train.loop)
+        fail(str(e), status=3)
     import jax  # already imported by the loop
 
     if jax.process_index() != 0:

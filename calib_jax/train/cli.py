@@ -11,8 +11,8 @@ import sys
 from absl import flags
 
 
-def fail(message: str) -> None:
-    """Prints a one-line error and exits with status 2.
+def fail(message: str, status: int = 2) -> None:
+    """Prints a one-line error and exits with ``status`` (2: a user error).
 
     A message that carries a traceback (a config file that raised) is cut to its
     last line, which names the actual problem; other multi-line messages are
@@ -24,7 +24,7 @@ def fail(message: str) -> None:
     else:
         line = " ".join(lines) or "unknown error"
     print(f"error: {line}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(status)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
 from tqdm import tqdm
@@ -86,6 +88,32 @@ def _accumulate(acc: dict, metrics: dict) -> dict:
     return out
 
 
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    """Whether every float leaf of ``tree`` is finite (one fused device pass)."""
+    leaves = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def _diverged(what: str, ckpt: Checkpointer) -> FloatingPointError:
+    """The error that stops a run whose loss or parameters went non-finite."""
+    ckpt.wait()
+    latest = ckpt.manager.latest_step()
+    kept = (
+        f"the good checkpoints end at step {latest}"
+        if latest is not None
+        else "no checkpoint was saved"
+    )
+    return FloatingPointError(
+        f"training diverged: {what}; {kept}. Lower the learning rate, or rerun "
+        "with --config.debug_nans=True to name the first operation that made a NaN."
+    )
+
+
 def _summarise(acc: dict) -> dict[str, float]:
     """Turns accumulated step metrics into means (losses) and ratios (sums)."""
     acc = {k: (float(v), n) for k, (v, n) in jax.device_get(acc).items()}
@@ -131,9 +159,23 @@ def train_and_evaluate(
         disable=not progress or jax.process_index() != 0,
         dynamic_ncols=True,
     )
-    with _Preemption() as preempt:
+
+    def stop(what: str) -> FloatingPointError:
+        bar.close()
+        err = _diverged(what, ckpt)
+        ckpt.close()
+        return err
+
+    window = start + 1  # first step of the current logging window
+    debug_nans = jax.debug_nans(bool(config.get("debug_nans", False)))
+    with _Preemption() as preempt, debug_nans:
         for step in range(start, run.num_steps):
-            state, metrics = run.step(state, step)
+            try:
+                state, metrics = run.step(state, step)
+            except FloatingPointError:  # debug_nans named the operation
+                bar.close()
+                ckpt.close()
+                raise
             # Sums stay on device; the host reads them only when logging.
             acc = _accumulate(acc, metrics)
             done = step + 1
@@ -144,7 +186,18 @@ def train_and_evaluate(
                 logged["learning_rate"] = float(run.schedule(step))
                 writer.write(done, logged)
                 bar.set_postfix(loss=f"{logged.get('loss/total', float('nan')):.4f}")
+                bad = sorted(
+                    k
+                    for k, v in logged.items()
+                    if k.startswith("loss/") and not math.isfinite(v)
+                )
+                if bad:
+                    raise stop(f"{bad[0]} is {logged[bad[0]]} in steps {window}-{done}")
+                window = done + 1
             if done % config.checkpoint_every == 0 or done == run.num_steps:
+                # Never save a non-finite state over the good checkpoints.
+                if not bool(jax.device_get(_all_finite(state.params))):
+                    raise stop(f"the parameters are not finite after step {done}")
                 ckpt.save(state)
             if (
                 config.eval_every

@@ -33,7 +33,13 @@ from calib_jax.train.state import TrainState, create
 CALIBRATION_STATS = ("global", "per_device")
 _SHIFT_SEED = 10_000
 # Keys that may differ between the config of a run and its resumption.
-_RESUMABLE_KEYS = ("log_every", "eval_every", "checkpoint_every", "eval_batch_size")
+_RESUMABLE_KEYS = (
+    "log_every",
+    "eval_every",
+    "checkpoint_every",
+    "eval_batch_size",
+    "debug_nans",
+)
 
 
 class SubsetSource:

@@ -47,6 +47,8 @@ def main(argv):
         path = run(config, _WORKDIR.value)
     except ValueError as e:
         fail(str(e))
+    except FloatingPointError as e:  # a training cell diverged
+        fail(str(e), status=3)
     import jax  # already imported by the runner
 
     if jax.process_index() == 0:

@@ -122,9 +122,14 @@ def ensure_trained(config: ConfigDict, workdir: Path, method: str, seed: int) ->
     if not done.exists():
         if method == "two_stage":
             ensure_trained(config, workdir, grid.STAGE_ONE, seed)
-        train_and_evaluate(
-            grid.train_config(config, method, seed, workdir), train_dir, progress=False
-        )
+        try:
+            train_and_evaluate(
+                grid.train_config(config, method, seed, workdir),
+                train_dir,
+                progress=False,
+            )
+        except FloatingPointError as e:  # name the cell that diverged
+            raise FloatingPointError(f"{method} seed {seed} ({train_dir}): {e}") from e
         if jax.process_index() == 0:
             done.touch()
     return train_dir

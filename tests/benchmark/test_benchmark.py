@@ -160,6 +160,19 @@ def test_bad_grid_is_one_line_before_compute(tmp_path, change, message):
     assert not (tmp_path / "w").exists()
 
 
+def test_a_diverging_cell_stops_the_benchmark_naming_the_cell(tmp_path):
+    c = tiny_config()
+    c.methods, c.seeds = ("ce",), (0,)
+    c.train.optimizer.name = "sgd"
+    c.train.optimizer.learning_rate = 1e6
+    c.train.checkpoint_every = 8
+    with pytest.raises(
+        FloatingPointError, match=r"^ce seed 0 \(.*\): training diverged"
+    ):
+        runner.run(c, tmp_path / "w")
+    assert not (tmp_path / "w" / "results.jsonl").exists()
+
+
 def test_workdir_of_another_benchmark_is_refused_and_kept(tmp_path):
     workdir = tmp_path / "w"
     runner.check_workdir(tiny_config(), workdir)

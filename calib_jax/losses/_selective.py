@@ -452,15 +452,14 @@ def au_pxtau(
     ``num_bins=15`` (the paper does not state its bin count).
 
     The authors' released code (``loss/selectAU.py`` of
-    han678/CalibWeightedRisk, read for these notes) differs from the paper in
-    ways a user comparing numbers should know: it keeps one histogram over
-    every batch seen (``hist`` here), 64 bins with ``nu=0.05`` by default,
-    clamps :math:`\hat G` to :math:`[1/(B+1), B/(B+1)]` (no gradient outside),
-    and normalises the negative entropy as
-    :math:`(g - \log K)/(0 - \log K)` clipped to [0, 1], which is 1 for every
-    :math:`g \le 0`, so with that CSF all weights are equal and carry no
-    gradient.
-    None of these is reproduced here.
+    han678/CalibWeightedRisk) differs from the paper in ways a user comparing
+    numbers should know: it keeps one histogram over every batch seen, uses 64
+    bins with ``nu=0.05`` by default, clamps :math:`\hat G` to
+    :math:`[1/(B+1), B/(B+1)]` (no gradient outside), and normalises the
+    negative entropy as :math:`(g - \log K)/(0 - \log K)` clipped to [0, 1],
+    which is 1 for every :math:`g \le 0`, so with that CSF all weights are
+    equal and carry no gradient. Of these, only the running histogram is
+    offered here (``hist``).
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities.

@@ -74,7 +74,9 @@ def test_non_finite_parameters_are_never_checkpointed(tmp_path):
 
 
 def test_debug_nans_names_the_operation(tmp_path):
-    config = _config(debug_nans=True)
+    config = _config(debug_nans=True, num_steps=10)
+    config.optimizer.learning_rate = 1e6  # NaN within the first steps
+    config.schedule.name = "constant"
     with pytest.raises(
         FloatingPointError, match=r"invalid value \(nan\) encountered in"
     ):

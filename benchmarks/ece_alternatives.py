@@ -1,7 +1,7 @@
 """Equal-width ECE at (N, K) = (1e6, 10): the shipped kernel against the alternatives.
 
 Run: ``JAX_PLATFORMS=cpu .venv/bin/python benchmarks/ece_alternatives.py``
-(about 1 minute on 2 cores). Writes the ``## ECE alternatives at (1e6, 10)``
+(about 10 seconds on 2 cores). Writes the ``## ECE alternatives at (1e6, 10)``
 section of benchmarks/RESULTS.md.
 
 `benchmarks/metrics.py` finds `metrics.ece` at about 2x the read-once floor

@@ -1,7 +1,7 @@
 """Speed and memory of ece, adaptive_ece and classwise_ece against NumPy.
 
-Run: ``JAX_PLATFORMS=cpu .venv/bin/python benchmarks/metrics.py`` (about 4
-minutes on 2 cores). Writes the ``## Metrics`` section of
+Run: ``JAX_PLATFORMS=cpu .venv/bin/python benchmarks/metrics.py`` (about 30
+seconds on 2 cores). Writes the ``## Metrics`` section of
 benchmarks/RESULTS.md.
 
 For every (N, K) the same float32 softmax array is given to

@@ -78,9 +78,14 @@ Notes:
   in less than about half the floor again.
 - `classwise_ece` scatters every probability above the first bin of its
   class (the first bin comes from column totals), scanning blocks of 2**18
-  elements: no `[N, K]` intermediate, 1-5 ns per element. `adaptive_ece`
-  is bound by XLA:CPU's sort (on int32 keys, several times faster than on
-  float keys with a payload).
+  elements: no `[N, K]` intermediate, 1-5 ns per element.
+- `adaptive_ece` (default 'rank' rule) does not sort from 2**15 rows on:
+  its bins need only the M - 1 order statistics at the group starts, found
+  exactly by a three-pass radix select (11/11/10-bit digits, one scatter-add
+  per pass into small histograms), then the rows are binned by M - 1
+  compares and one scatter-add. At 10**6 rows this is about 6x faster than
+  the sort of int32 keys it replaced (78 ms); below 2**15 rows the sort is
+  kept (as fast there).
 """
 
 

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from calib_jax.metrics import _binning, _common, _validate
+from calib_jax.metrics import _binning, _common, _kernels, _select, _validate
 
 
 def _first_of_tie(s: jax.Array) -> jax.Array:
@@ -122,13 +122,31 @@ def check_equal_mass(convention: _binning.Convention) -> str:
     return convention.equal_mass
 
 
+# Rows from which the 'rank' rule uses radix select instead of a sort.
+SELECT_MIN_ROWS = 1 << 15
+
+
 def equal_mass_error(probs, labels, where, num_bins, convention, p):
-    """Top-label binned error with the convention's equal-mass bins (traceable)."""
+    """Top-label binned error with the convention's equal-mass bins (traceable).
+
+    From ``2**15`` rows on, the ``'rank'`` rule needs no sort: its bins come
+    from ``M - 1`` order statistics found by radix select (``_select.py``),
+    then one scatter-add (6x faster than the sort at 10**6 rows; below
+    ``2**15`` rows the sort is as fast). The interpolating rules sort.
+    """
     conf, correct = _common.top_label(probs, labels)
     valid = _common.mask_or_ones(where, conf.shape[0])
-    count, sum_conf, sum_correct, n, _, _ = equal_mass_stats(
-        conf, correct, valid, num_bins, convention.equal_mass
-    )
+    if convention.equal_mass == "rank" and conf.shape[0] >= SELECT_MIN_ROWS:
+        conf = conf.astype(jnp.float32) + 0.0  # the values the sort path bins
+        bins = _select.rank_bins(conf, valid, num_bins)
+        count, sum_conf, sum_correct = _kernels.accumulate_top_label(
+            conf, correct, bins, valid, num_bins
+        )
+        n = jnp.sum(valid.astype(jnp.int32))
+    else:
+        count, sum_conf, sum_correct, n, _, _ = equal_mass_stats(
+            conf, correct, valid, num_bins, convention.equal_mass
+        )
     return _common.binned_error(
         count, sum_conf, sum_correct, n, p=p, min_count=convention.min_count
     )

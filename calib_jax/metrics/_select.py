@@ -1,0 +1,120 @@
+r"""Order statistics without a sort, for the ``'rank'`` equal-mass bins.
+
+The ``'rank'`` rule (``_adaptive.py``) puts a confidence :math:`v` in the
+group of its first occurrence in the sorted order, i.e. of
+:math:`L(v) = \#\{i : s_i < v\}`. Group :math:`j` starts at rank
+:math:`R_j`, so
+
+.. math::
+
+    b(v) = \#\{\, j \in 1..M-1 : L(v) \ge R_j \,\}
+         = \#\{\, j \in 1..M-1 : v > s_{(R_j - 1)} \,\},
+
+where :math:`s_{(r)}` is the ``r``-th smallest included confidence
+(0-based): at least :math:`R_j` values are below :math:`v` exactly when the
+:math:`R_j`-th smallest is. The bins therefore need only the ``M - 1`` order
+statistics :math:`s_{(R_j - 1)}`, which a radix select on the float32 bit
+patterns gives exactly (non-negative floats order like their bits): three
+passes over 11-, 11- and 10-bit digits, each one scatter-add over the ``N``
+rows into small histograms; no sort, no ``[N, M]`` intermediate.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+# Digit widths of the radix passes, most significant first (32 bits in all).
+# Small digits keep the per-pass histograms (and their cumulative sums, which
+# XLA:CPU computes slowly) small: 2048 + 2 x 2048 x (M - 1) counts.
+_WIDTHS = (11, 11, 10)
+# Up to this many thresholds, counting them is unrolled compares (one fused
+# elementwise pass); beyond it, a binary search.
+_MAX_UNROLLED = 48
+
+
+def count_below(x: jax.Array, table: jax.Array) -> jax.Array:
+    """``#{r : table[r] < x}`` for each entry of ``x`` (``table`` sorted)."""
+    if table.shape[0] <= _MAX_UNROLLED:
+        count = jnp.zeros(x.shape, jnp.int32)
+        for r in range(table.shape[0]):
+            count = count + (table[r] < x).astype(jnp.int32)
+        return count
+    return jnp.searchsorted(table, x, side="left").astype(jnp.int32)
+
+
+def order_statistics(bits: jax.Array, valid: jax.Array, ranks: jax.Array) -> jax.Array:
+    """The ``ranks``-th smallest of the included ``bits`` (exact, no sort).
+
+    Radix select, most significant digit first: each pass histograms the next
+    digit of the rows whose higher digits match a wanted rank's prefix (one
+    histogram per distinct prefix; ranks sharing a prefix share it) and picks
+    the digit where the rank's cumulative count falls.
+
+    Args:
+      bits: uint32 ``[N]`` keys.
+      valid: bool ``[N]``; only these rows count.
+      ranks: int32 ``[R]``, ascending, each in ``[0, n)`` with ``n`` the
+        number of included rows.
+
+    Returns:
+      uint32 ``[R]``.
+    """
+    r = ranks.shape[0]
+    ones = jnp.ones(bits.shape, jnp.int32)
+    prefix = jnp.zeros((r,), jnp.uint32)  # the digits chosen so far
+    local = ranks  # rank within the rows that share the prefix
+    shift = 32
+    for i, width in enumerate(_WIDTHS):
+        shift -= width
+        size = 1 << width
+        digit = ((bits >> shift) & (size - 1)).astype(jnp.int32)
+        if i == 0:
+            seg = jnp.where(valid, digit, size)
+            hist = jax.ops.segment_sum(ones, seg, size)[None, :]
+            group = jnp.zeros((r,), jnp.int32)
+        else:
+            # Ranks ascend, so prefixes do: a row's group is the first rank
+            # whose prefix is not below the row's high digits.
+            high = bits >> (shift + width)
+            row_group = jnp.minimum(count_below(high, prefix), r - 1)
+            member = valid & (prefix[row_group] == high)
+            seg = jnp.where(member, row_group * size + digit, r * size)
+            hist = jax.ops.segment_sum(ones, seg, r * size).reshape(r, size)
+            group = jnp.searchsorted(prefix, prefix, side="left")
+        counts = hist[group]
+        cum = jnp.cumsum(counts, axis=1)
+        chosen = jax.vmap(lambda c, k: jnp.searchsorted(c, k, side="right"))(cum, local)
+        chosen = jnp.minimum(chosen, size - 1).astype(jnp.int32)
+        pick = lambda a: jnp.take_along_axis(a, chosen[:, None], axis=1)[:, 0]  # noqa: E731
+        local = local - (pick(cum) - pick(counts))
+        prefix = (prefix << width) | chosen.astype(jnp.uint32)
+    return prefix
+
+
+def rank_bins(conf: jax.Array, valid: jax.Array, num_bins: int) -> jax.Array:
+    """Equal-mass bin of every confidence under the ``'rank'`` rule.
+
+    Same bins as sorting and cutting the sorted values (``_adaptive``), from
+    the ``M - 1`` group-start order statistics.
+
+    Args:
+      conf: float ``[N]`` confidences in [0, 1] (compared as float32).
+      valid: bool ``[N]`` included rows.
+      num_bins: static ``M``.
+
+    Returns:
+      int32 ``[N]`` in ``[0, M)``; ``-1`` for excluded rows.
+    """
+    m = num_bins
+    bits = lax.bitcast_convert_type(conf.astype(jnp.float32) + 0.0, jnp.uint32)
+    if m == 1:
+        return jnp.where(valid, 0, -1)
+    n = jnp.sum(valid.astype(jnp.int32))
+    q, rem = n // m, n % m
+    j = jnp.arange(1, m, dtype=jnp.int32)
+    start = jnp.where(j <= rem, j * (q + 1), rem * (q + 1) + (j - rem) * q)
+    ranks = jnp.clip(start - 1, 0, jnp.maximum(n - 1, 0))
+    thresholds = order_statistics(bits, valid, ranks)
+    return jnp.where(valid, count_below(bits, thresholds), -1)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from calib_jax import metrics
 from calib_jax.metrics import _adaptive, _select
@@ -84,3 +87,17 @@ def test_adaptive_ece_from_radix_select_matches_float64(p):
     # The same bins through ece(binning='equal_mass').
     same = metrics.ece(probs, labels, where=where, p=p, binning="equal_mass")
     np.testing.assert_allclose(float(same), float(got), rtol=1e-6)
+
+
+def test_radix_select_path_sharded_equals_single_device():
+    n, k = _adaptive.SELECT_MIN_ROWS, 10
+    rng = np.random.default_rng(5)
+    logits = rng.normal(scale=3.0, size=(n, k))
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    probs = (probs / probs.sum(1, keepdims=True)).astype(np.float32)
+    labels = rng.integers(0, k, n).astype(np.int32)
+    rows = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
+    f = jax.jit(lambda p, y: metrics.adaptive_ece(p, y))
+    sharded = f(jax.device_put(probs, rows), jax.device_put(labels, rows))
+    single = f(jax.device_put(probs, jax.devices()[0]), labels)
+    np.testing.assert_allclose(sharded, single, rtol=1e-6)

@@ -173,8 +173,11 @@ def slot_edges(convention: Convention, num_bins: int) -> tuple[np.ndarray, np.nd
     return lower, upper
 
 
-def _count_edges(conf: jax.Array, table: np.ndarray, strict: bool) -> jax.Array:
-    """Number of entries of the sorted ``table`` below (``<`` or ``<=``) ``conf``."""
+def _count_edges(conf: jax.Array, table, strict: bool) -> jax.Array:
+    """Number of entries of the sorted ``table`` below (``<`` or ``<=``) ``conf``.
+
+    ``table`` is a NumPy or a (possibly traced) JAX array of static length.
+    """
     if len(table) <= _MAX_COMPARE_BINS:
         count = jnp.zeros(conf.shape, jnp.int32)
         for value in table:

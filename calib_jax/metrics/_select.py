@@ -25,23 +25,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax.metrics import _binning
+
 # Digit widths of the radix passes, most significant first (32 bits in all).
 # Small digits keep the per-pass histograms (and their cumulative sums, which
 # XLA:CPU computes slowly) small: 2048 + 2 x 2048 x (M - 1) counts.
 _WIDTHS = (11, 11, 10)
-# Up to this many thresholds, counting them is unrolled compares (one fused
-# elementwise pass); beyond it, a binary search.
-_MAX_UNROLLED = 48
 
 
 def count_below(x: jax.Array, table: jax.Array) -> jax.Array:
     """``#{r : table[r] < x}`` for each entry of ``x`` (``table`` sorted)."""
-    if table.shape[0] <= _MAX_UNROLLED:
-        count = jnp.zeros(x.shape, jnp.int32)
-        for r in range(table.shape[0]):
-            count = count + (table[r] < x).astype(jnp.int32)
-        return count
-    return jnp.searchsorted(table, x, side="left").astype(jnp.int32)
+    return _binning._count_edges(x, table, strict=True)
 
 
 def order_statistics(bits: jax.Array, valid: jax.Array, ranks: jax.Array) -> jax.Array:

@@ -37,8 +37,10 @@ def base() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
 
+    # dtype: computation dtype ('float32' | 'bfloat16' | 'float16'); parameters,
+    # optimizer state, losses and metrics stay float32.
     c.model = ml_collections.ConfigDict(
-        dict(name="mlp", kwargs=ml_collections.ConfigDict())
+        dict(name="mlp", dtype="float32", kwargs=ml_collections.ConfigDict())
     )
     c.dataset = ml_collections.ConfigDict(
         dict(

@@ -212,6 +212,14 @@ def test_posthoc_cli_unreadable_files_are_one_line(npz_files, capsys, val, messa
         ({"schedule.warmup_steps": -5}, "warmup_steps must be >= 0"),
         ({"schedule.boundaries": (0.9, 0.2)}, "boundaries must be increasing"),
         ({"model.kwargs": {"widht": 3}}, "config.model.kwargs: "),
+        (
+            {"model.dtype": "bfloat17"},
+            "Unknown config.model.dtype 'bfloat17'. Valid dtypes: float32, bfloat16",
+        ),
+        (
+            {"model.dtype": "bfloat16", "model.kwargs": {"dtype": "float16"}},
+            "contradicts config.model.kwargs.dtype='float16'",
+        ),
         ({"shifts.severities": (0, 6)}, "severities must be in 1..5"),
         ({"shifts.corruptions": "fog2"}, "Unknown corruption(s) fog2"),
         ({"augment": "flip"}, "Unknown config.augment 'flip'"),

@@ -66,11 +66,7 @@ def validate(config: ConfigDict, workdir: Path) -> None:
     dataset = data_lib.get_dataset(
         config.train.dataset.name, data_dir=config.train.dataset.data_dir or None
     )
-    models.get_model(
-        config.train.model.name,
-        num_classes=dataset.num_classes,
-        **config.train.model.kwargs,
-    )
+    models.from_config(config.train.model, num_classes=dataset.num_classes)
     mesh_lib.check_batch_size(config.train.batch_size, mesh_lib.data_mesh())
     train_setup.resolve_shifts(config.train, dataset)
     for method in config.methods:

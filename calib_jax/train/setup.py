@@ -168,14 +168,7 @@ def build(config: ConfigDict, workdir: Path) -> Run:
         stage = two_stage.build_stage_two(config, dataset)  # validates stage-I dir
     else:
         stage = None
-        try:
-            model = models.get_model(
-                config.model.name,
-                num_classes=dataset.num_classes,
-                **config.model.kwargs,
-            )
-        except TypeError as e:  # a misspelt or unknown model option
-            raise ValueError(f"config.model.kwargs: {e}.") from None
+        model = models.from_config(config.model, num_classes=dataset.num_classes)
     shifts = resolve_shifts(config, dataset)
     check_workdir(config, workdir)
 

@@ -100,9 +100,7 @@ def _load_stage_one(config: ConfigDict, dataset):
             "train stage I first and point --config.two_stage.stage1_workdir at its workdir."
         )
     stage1 = ConfigDict(json.loads(cfg_path.read_text()))
-    model = models.get_model(
-        stage1.model.name, num_classes=dataset.num_classes, **stage1.model.kwargs
-    )
+    model = models.from_config(stage1.model, num_classes=dataset.num_classes)
     tx = optim.make_optimizer(stage1, 1)
     sample = jnp.zeros((1, *dataset.image_shape), jnp.float32)
     abstract = jax.eval_shape(lambda r: create(model, tx, r, sample), jax.random.key(0))

@@ -32,8 +32,20 @@ from configs.common import OBJECTIVES  # noqa: E402
 TARGET = 1.05  # step time with the terms / step time with cross-entropy
 
 
-def _step_runner(model, terms, images, labels, dtype):
-    """A compiled, warmed-up ``run()`` doing one train step and blocking on it."""
+# Datasheet peaks (dense bf16 tensor-core FLOP/s, HBM bytes/s) of the
+# accelerators a roofline estimate is given for, by ``device_kind``.
+PEAKS = {
+    "NVIDIA H100 80GB HBM3": (989e12, 3.35e12),
+    "NVIDIA H200": (989e12, 4.8e12),
+}
+
+
+def _step_runner(model, terms, images, labels, dtype, costs=None):
+    """A compiled, warmed-up ``run()`` doing one train step and blocking on it.
+
+    ``costs``, if given, receives the compiled step's XLA cost analysis
+    (``flops``, ``bytes accessed``).
+    """
     tx = optax.chain(optax.add_decayed_weights(5e-4), optax.sgd(0.1, momentum=0.9))
     state = jax.jit(lambda r: create(model, tx, r, images[:1]))(jax.random.key(0))
     step = jax.jit(
@@ -48,6 +60,10 @@ def _step_runner(model, terms, images, labels, dtype):
         "mask": jnp.ones(labels.shape, bool),
     }
     holder = [state]
+    if costs is not None:
+        analysis = step.lower(state, batch).compile().cost_analysis()
+        analysis = analysis[0] if isinstance(analysis, list) else analysis
+        costs.update(analysis or {})
 
     def run():
         holder[0], metrics = step(holder[0], batch)
@@ -97,16 +113,22 @@ def main(argv=None) -> None:
     parser.add_argument("--objectives", default=",".join(OBJECTIVES))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--out", default="", help="also write the section here")
     args = parser.parse_args(argv)
     model = models.get_model(args.model, num_classes=10, dtype=args.dtype)
     rng = np.random.default_rng(0)
     images = jnp.asarray(rng.random((args.batch, 32, 32, 3), dtype=np.float32))
     labels = jnp.asarray(rng.integers(0, 10, args.batch).astype(np.int32))
     names = ["ce"] + [n for n in args.objectives.split(",") if n != "ce"]
-    runners = {}
+    runners, costs = {}, {}
     for name in names:
         runners[name] = _step_runner(
-            model, OBJECTIVES[name], images, labels, args.dtype
+            model,
+            OBJECTIVES[name],
+            images,
+            labels,
+            args.dtype,
+            costs=costs if name == "ce" else None,
         )
         print(f"compiled {name}", flush=True)
     times = interleaved_medians(runners, rounds=args.rounds, per_sample=3)
@@ -124,24 +146,49 @@ def main(argv=None) -> None:
         ratio = times[name] / base
         extra = (alone[name] - alone["ce"]) / base
         rows.append(
-            f"| {name} | {terms} | {times[name] * 1e3:.1f} | {ratio:.3f}x | "
+            f"| {name} | {terms} | {times[name] * 1e3:.2f} | "
+            f"{args.batch / times[name]:,.0f} | {ratio:.3f}x | "
             f"{alone[name] * 1e6:.1f} | {100 * extra:+.3f}% |"
         )
     over = [n for n in names if (alone[n] - alone["ce"]) / base > TARGET - 1]
+    device = jax.devices()[0]
+    on_cpu = device.platform == "cpu"
+    flops, moved = costs.get("flops", 0.0), costs.get("bytes accessed", 0.0)
+    roofline = (
+        f"XLA cost analysis of the cross-entropy step: {flops / 1e9:.1f} GFLOP, "
+        f"{moved / 1e9:.2f} GB accessed."
+    )
+    if device.device_kind in PEAKS:
+        peak_flops, peak_bw = PEAKS[device.device_kind]
+        bound = max(flops / peak_flops, moved / peak_bw)
+        roofline += (
+            f" Roofline on {device.device_kind} (datasheet {peak_flops / 1e12:.0f} "
+            f"TFLOP/s dense bf16, {peak_bw / 1e12:.2f} TB/s HBM): "
+            f"{bound * 1e3:.3f} ms/step, {args.batch / bound:,.0f} images/s "
+            f"({'memory' if moved / peak_bw > flops / peak_flops else 'compute'}"
+            f"-bound); measured cross-entropy step: {base * 1e3:.3f} ms, "
+            f"{args.batch / base:,.0f} images/s ({bound / base:.1%} of the roofline "
+            "rate)."
+        )
+    where = "" if on_cpu else f" on {device.device_kind}"
     body = "\n".join(
         [
-            f"Full jitted train step of {args.model}, batch {args.batch}, random "
+            f"Full jitted train step of {args.model}{where}, batch {args.batch}, random "
             f"32x32x3 images, {args.dtype}, SGD momentum + L2; median over "
             f"{args.rounds} interleaved rounds (3 steps of every objective in turn "
             "each round) after compile, in one run.",
             "",
             f"Machine: {machine_line()}. Command: "
             f"`.venv/bin/python benchmarks/train_step.py --model {args.model} "
-            f"--batch {args.batch}`.",
+            f"--batch {args.batch} --dtype {args.dtype}`"
+            + ("" if on_cpu else f" (device: {device.device_kind})")
+            + ".",
             "",
-            "| objective | terms | ms/step | step vs cross-entropy | terms alone "
-            "(fwd+bwd, us) | terms' extra cost / CE step |",
-            "|---|---|---:|---:|---:|---:|",
+            roofline,
+            "",
+            "| objective | terms | ms/step | images/s | step vs cross-entropy | "
+            "terms alone (fwd+bwd, us) | terms' extra cost / CE step |",
+            "|---|---|---:|---:|---:|---:|---:|",
             *rows,
             "",
             "`terms alone`: the loss terms' forward+backward on the step's "
@@ -159,8 +206,18 @@ def main(argv=None) -> None:
         ]
     )
     print(body)
+    title = (
+        "Train step"
+        if on_cpu and args.dtype == "float32"
+        else (
+            f"Train step: {args.model}, {args.dtype}, batch {args.batch}"
+            f" on {device.device_kind if not on_cpu else 'CPU'}"
+        )
+    )
+    if args.out:
+        Path(args.out).write_text(f"## {title}\n{body}\n")
     if not args.no_write:
-        write_section("Train step", body)
+        write_section(title, body)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tmp_path):
     np.testing.assert_allclose(logits, exact, rtol=0.05, atol=0.05)
 
 
+@pytest.mark.slow
 def test_bfloat16_digits_accuracy_within_one_point_of_float32(tmp_path):
     accuracy = {}
     for dtype in ("float32", "bfloat16"):

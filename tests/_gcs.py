@@ -1,7 +1,8 @@
 """A Google Cloud Storage API emulator on 127.0.0.1 for tests of ``gs://`` paths.
 
-``gcp-storage-emulator`` serves the GCS JSON API in memory; the clients are
-pointed at it through their emulator settings:
+``gcp-storage-emulator`` serves the GCS JSON API in memory (started by
+``_gcs_server.py``, which adds the object-generation semantics tensorstore
+relies on); the clients are pointed at it through their emulator settings:
 
 - gcsfs (``etils.epath``'s ``gs://`` backend): ``STORAGE_EMULATOR_HOST``;
   ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` keeps gcsfs from asking the
@@ -18,8 +19,6 @@ inspect the bucket without the listing caches of the code under test.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -30,39 +29,26 @@ import urllib.request
 from pathlib import Path
 
 START_TIMEOUT = 30.0
+_SERVER = Path(__file__).with_name("_gcs_server.py")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (at the time of the call)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _executable() -> list[str]:
-    found = shutil.which("gcp-storage-emulator", path=os.path.dirname(sys.executable))
-    if found is None:
-        raise RuntimeError(
-            "gcp-storage-emulator is not installed (it is in requirements-test.txt)."
-        )
-    return [found]
 
 
 class Emulator:
     """A running emulator; :meth:`stop` ends it."""
 
     def __init__(self, log_dir: Path):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(log_dir) / "gcs_emulator.log"
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
-                [
-                    *_executable(),
-                    "start",
-                    "--host=127.0.0.1",
-                    f"--port={self.port}",
-                    "--in-memory",
-                ],
+                [sys.executable, str(_SERVER), str(self.port)],
                 cwd=log_dir,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -127,6 +113,14 @@ class Emulator:
         """The content of one object."""
         quoted = urllib.parse.quote(name, safe="")
         return self._get(f"b/{bucket}/o/{quoted}?alt=media", raw=True)
+
+    def delete(self, bucket: str, name: str) -> None:
+        quoted = urllib.parse.quote(name, safe="")
+        request = urllib.request.Request(
+            f"{self.url}/storage/v1/b/{bucket}/o/{quoted}", method="DELETE"
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
+            r.read()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -4,7 +4,11 @@ Both must be set before JAX initialises its backends, hence at import time of
 the conftest, which pytest loads before any test module.
 """
 
+import itertools
 import os
+
+import _gcs
+import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -16,12 +20,6 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 # ---- A GCS API emulator for gs:// tests (see tests/_gcs.py) -------------------------
-
-import itertools  # noqa: E402
-
-import pytest  # noqa: E402
-
-import _gcs  # noqa: E402
 
 _BUCKETS = itertools.count()
 

@@ -10,6 +10,7 @@ import io
 import os
 import time
 
+import _gcs
 import numpy as np
 import pytest
 from etils import epath
@@ -247,7 +248,9 @@ def test_check_reachable_names_a_missing_bucket(gcs_emulator, gcs_bucket, capfd)
     with pytest.raises(ValueError) as err:
         storage.check_reachable("gs://no-such-bucket/run", what="--workdir")
     text = _one_line(err.value)
-    assert text.startswith("--workdir gs://no-such-bucket/run: bucket gs://no-such-bucket")
+    assert text.startswith(
+        "--workdir gs://no-such-bucket/run: bucket gs://no-such-bucket"
+    )
     assert "does not exist" in text
     # make_dirs never creates a bucket (gcsfs's makedirs would).
     storage.make_dirs("gs://no-such-bucket/run/logits")
@@ -255,8 +258,10 @@ def test_check_reachable_names_a_missing_bucket(gcs_emulator, gcs_bucket, capfd)
     assert capfd.readouterr().err == ""
 
 
-def test_check_reachable_gives_up_on_a_silent_endpoint(gcs_emulator, monkeypatch, capfd):
-    dead = f"http://127.0.0.1:{_free_port()}"
+def test_check_reachable_gives_up_on_a_silent_endpoint(
+    gcs_emulator, monkeypatch, capfd
+):
+    dead = f"http://127.0.0.1:{_gcs.free_port()}"
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", dead)
     start = time.monotonic()
     with pytest.raises(ValueError) as err:
@@ -267,11 +272,3 @@ def test_check_reachable_gives_up_on_a_silent_endpoint(gcs_emulator, monkeypatch
     assert "within 2 s" in text
     assert elapsed < 8.0, elapsed  # the client alone retries for about a minute
     assert capfd.readouterr().err == ""  # the client's retry log is silenced
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

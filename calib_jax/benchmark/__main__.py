@@ -36,7 +36,9 @@ def main(argv):
     del argv
     from calib_jax.benchmark.runner import run  # after flag parsing
 
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    # absl shows INFO records of every library; fsspec logs one per remote read.
+    for name in ("absl", "fsspec"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         config = _CONFIG.value
         config.keys()  # a config file that failed to load raises here

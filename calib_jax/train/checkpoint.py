@@ -34,7 +34,15 @@ class Checkpointer:
         self.directory = storage.absolute(workdir) / "checkpoints"
         self.manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep,
+                create=True,
+                # A save cut short (SIGKILL) leaves an unfinished step: a
+                # temporary directory locally, a step directory without
+                # commit_success.txt in a bucket, where the next save of that
+                # step would write into it. Orbax deletes them on start.
+                cleanup_tmp_directories=True,
+            ),
         )
 
     def save(self, state: TrainState, *, force: bool = False) -> None:

@@ -25,9 +25,13 @@ class Checkpointer:
     ``<workdir>/checkpoints_unreadable/<step>``, so that training saves those
     steps again when it reaches them.
 
+    A save cut short (SIGKILL) is never a checkpoint: Orbax deletes its
+    leftovers when the next run creates the manager.
+
     ``workdir`` may be a ``gs://`` URL: Orbax then writes the array data
     through tensorstore and marks a finished step with ``commit_success.txt``
-    (an object store has no atomic rename).
+    (an object store has no atomic rename); unreadable steps are moved aside
+    by copying their objects, then deleting them.
     """
 
     def __init__(self, workdir: str | epath.PathLike, *, max_to_keep: int | None = 3):
@@ -37,10 +41,10 @@ class Checkpointer:
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=max_to_keep,
                 create=True,
-                # A save cut short (SIGKILL) leaves an unfinished step: a
-                # temporary directory locally, a step directory without
-                # commit_success.txt in a bucket, where the next save of that
-                # step would write into it. Orbax deletes them on start.
+                # A save cut short leaves an unfinished step: a temporary
+                # directory locally; in a bucket, a step directory without
+                # commit_success.txt, into which the next save of that step
+                # would write. Orbax deletes them here.
                 cleanup_tmp_directories=True,
             ),
         )

@@ -8,6 +8,7 @@ machines and inside notebooks alike.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Mapping, Sequence
 
@@ -35,8 +36,13 @@ def _distinct_colors(ax, n: int) -> None:
 
 
 def _save(fig, path: str | os.PathLike | None) -> None:
+    """Writes ``fig`` as a PNG to a local path or a ``gs://`` URL."""
     if path is not None:
-        fig.savefig(os.fspath(path), format="png", bbox_inches="tight")
+        from calib_jax import storage
+
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight")
+        storage.write_bytes(storage.as_path(path, what="path"), buf.getvalue())
 
 
 def reliability_diagram(

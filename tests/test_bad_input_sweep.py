@@ -312,3 +312,127 @@ def test_train_cli_user_errors_are_one_line(tmp_path):
             if proc.poll() is None:
                 proc.kill()
     assert not (tmp_path / "w1").exists() and not (tmp_path / "w2").exists()
+
+
+# ---------------------------------------------------------------------------
+# Storage paths: a malformed URL or a missing bucket is one line naming the
+# path, before any training and without writing anything (tests/_gcs.py).
+# ---------------------------------------------------------------------------
+
+BAD_BUCKET_PATHS = [
+    ("gs://", "it names no bucket"),
+    ("gs:/bucket/run", "a URL needs two slashes, gs://<bucket>/<path>"),
+    ("gs:bucket/run", "would be a local directory named 'gs:'"),
+    ("gcs://bucket/run", "unsupported scheme gcs://"),
+    ("gs://Bucket/run", "'Bucket' is not a GCS bucket name"),
+    ("gs://no-such-bucket/run", "bucket gs://no-such-bucket does not exist"),
+]
+
+
+@pytest.mark.parametrize("workdir, message", BAD_BUCKET_PATHS)
+def test_train_rejects_bad_bucket_paths_before_training(
+    gcs_emulator, tmp_path, monkeypatch, workdir, message
+):
+    from calib_jax.train import loop
+
+    monkeypatch.chdir(tmp_path)  # a malformed URL would become ./gs:/...
+    buckets = gcs_emulator.buckets()
+    config = digits_ce.get_config()
+    config.num_steps = 2
+    with pytest.raises(ValueError) as err:
+        loop.train_and_evaluate(config, workdir, progress=False)
+    text = _one_line(err.value)
+    assert message in text and text.startswith("--workdir ")
+    assert list(tmp_path.iterdir()) == []
+    assert gcs_emulator.buckets() == buckets  # no bucket was created
+
+
+def test_benchmark_and_datasets_reject_bad_bucket_paths(gcs_emulator, tmp_path):
+    from calib_jax import data
+    from calib_jax.benchmark import runner
+    from configs import benchmark_digits
+
+    with pytest.raises(ValueError) as err:
+        runner.run(benchmark_digits.get_config(), "gs:/bucket/bench")
+    assert "--workdir 'gs:/bucket/bench' is not a valid path" in _one_line(err.value)
+    with pytest.raises(ValueError) as err:
+        runner.run(benchmark_digits.get_config(), "gs://no-such-bucket/bench")
+    assert "bucket gs://no-such-bucket does not exist" in _one_line(err.value)
+    with pytest.raises(ValueError) as err:
+        data.get_dataset("cifar100_corrupted", data_dir="gs:/bucket/CIFAR-100-C")
+    assert "data_dir 'gs:/bucket/CIFAR-100-C' is not a valid path" in _one_line(
+        err.value
+    )
+    with pytest.raises(ValueError) as err:
+        data.get_dataset("cifar100_corrupted", data_dir="gs://no-such-bucket/c")
+    assert _one_line(err.value).startswith("data_dir gs://no-such-bucket/c: bucket")
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--val", "gs:/bucket/val.npz", "a URL needs two slashes"),
+        ("--val", "gs://no-such-bucket/val.npz", "does not exist"),
+        ("--test", "gs://", "it names no bucket"),
+        ("--out", "gs://no-such-bucket/out.json", "does not exist"),
+        ("--out", "gcs://bucket/out.json", "unsupported scheme gcs://"),
+    ],
+)
+def test_posthoc_cli_bad_bucket_paths_are_one_line(
+    gcs_emulator, npz_files, capsys, flag, value, message
+):
+    args = {
+        "--val": str(npz_files / "test.npz"),
+        "--test": str(npz_files / "test.npz"),
+        "--out": str(npz_files / "never.json"),
+    }
+    args[flag] = value
+    argv = [x for pair in args.items() for x in pair] + ["--method", "ts"]
+    code = posthoc_cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in _one_line(err) and flag in err and value in err
+    assert not (npz_files / "never.json").exists()
+
+
+def test_posthoc_cli_missing_object_in_a_bucket(gcs_bucket, npz_files, capsys):
+    code = posthoc_cli.main(
+        ["--val", f"{gcs_bucket}/nope.npz", "--test", str(npz_files / "test.npz")]
+        + ["--out", str(npz_files / "never.json"), "--method", "ts"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"--val file '{gcs_bucket}/nope.npz' does not exist" in _one_line(err)
+
+
+def test_train_cli_missing_bucket_is_one_line(gcs_emulator, tmp_path):
+    """The command line (the library cases above run in-process): exit 2, one
+    line on stderr, nothing written, no bucket created."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "calib_jax.train",
+            f"--config={ROOT / 'configs' / 'digits_ce.py'}",
+            "--workdir=gs://no-such-bucket/run",
+            "--config.num_steps=2",
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert _one_line(result.stderr).startswith(
+        "error: --workdir gs://no-such-bucket/run: bucket gs://no-such-bucket "
+        "does not exist"
+    )
+    assert list(cwd.iterdir()) == []
+    assert "no-such-bucket" not in gcs_emulator.buckets()

@@ -7,7 +7,9 @@ status 2 before any compute. Multi-host: the same command on every host with
 ``--coordinator_address``, ``--num_processes`` and ``--process_id`` (or
 ``--distributed=auto``), as for ``python -m calib_jax.train``; every process
 runs every cell (the train steps span all devices), process 0 writes the rows
-and the report, and the workdir must be on a filesystem all hosts share.
+and the report, and the workdir must be on storage all hosts share (a
+``gs://`` bucket, NFS). A malformed or unreachable ``gs://`` workdir is one
+line, exit status 2, before any compute.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ def main(argv):
     del argv
     from calib_jax.benchmark.runner import run  # after flag parsing
 
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    # absl shows INFO records of every library; fsspec logs one per remote read.
+    for name in ("absl", "fsspec"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         config = _CONFIG.value
         config.keys()  # a config file that failed to load raises here

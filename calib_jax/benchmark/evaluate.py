@@ -9,13 +9,13 @@ vmapped call.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
-from calib_jax import metrics, posthoc
+from calib_jax import metrics, posthoc, storage
 
 # Row keys of the metrics, with the convention of each (report headers name it).
 METRICS: dict[str, str] = {
@@ -64,20 +64,20 @@ def stacked_metrics(logits: jax.Array, labels: jax.Array, *, num_bins: int = 15)
     return jax.vmap(lambda p, y: _all_metrics(p, y, num_bins))(probs, labels)
 
 
-def load_logits(train_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def load_logits(train_dir: epath.PathLike) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{split: (logits, labels)}`` exported by the trainer.
 
     Split names: ``val``, ``test`` and ``<corruption>/<severity>`` for every
     shifted test set.
     """
     out = {}
-    for path in sorted((Path(train_dir) / "logits").glob("*.npz")):
+    for path in sorted((storage.as_path(train_dir) / "logits").glob("*.npz")):
         name = path.stem
         if name.startswith("shift_"):
             corruption, _, severity = name[len("shift_") :].rpartition("_")
             name = f"{corruption}/{severity}"
-        with np.load(path) as f:
-            out[name] = (np.asarray(f["logits"], np.float32), np.asarray(f["labels"]))
+        f = storage.load_npz(path)
+        out[name] = (np.asarray(f["logits"], np.float32), np.asarray(f["labels"]))
     if "val" not in out or "test" not in out:
         raise ValueError(
             f"{train_dir}/logits lacks val.npz or test.npz; the run did not finish."

@@ -18,11 +18,11 @@ A *calibrator* is ``'none'`` or a name of :data:`calib_jax.posthoc.CALIBRATORS`
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
+from etils import epath
 from ml_collections import ConfigDict
 
-from calib_jax import posthoc
+from calib_jax import posthoc, storage
 from calib_jax.train.objectives import OBJECTIVES
 
 PROCEDURES = ("interleaved_sb_ece", "two_stage")
@@ -92,7 +92,7 @@ def cells(config: ConfigDict) -> list[tuple[str, int]]:
 
 
 def train_config(
-    config: ConfigDict, method: str, seed: int, workdir: Path
+    config: ConfigDict, method: str, seed: int, workdir: epath.PathLike
 ) -> ConfigDict:
     """The trainer config of one cell; ``workdir`` is the benchmark's.
 
@@ -122,11 +122,11 @@ def train_config(
     return c
 
 
-def cell_dir(workdir: Path, method: str, seed: int) -> Path:
+def cell_dir(workdir: epath.PathLike, method: str, seed: int) -> epath.Path:
     """Where a cell keeps its training run and its result rows."""
-    return Path(workdir) / "cells" / method / f"seed{seed}"
+    return storage.as_path(workdir) / "cells" / method / f"seed{seed}"
 
 
-def train_dir(workdir: Path, method: str, seed: int) -> Path:
+def train_dir(workdir: epath.PathLike, method: str, seed: int) -> epath.Path:
     """The trainer's workdir of a cell (checkpoints, metrics, logits)."""
     return cell_dir(workdir, method, seed) / "train"

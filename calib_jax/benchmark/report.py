@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
+from etils import epath
 from ml_collections import ConfigDict
 
+from calib_jax import storage
 from calib_jax.benchmark import evaluate, grid
 
 REPORT_FILE = "report.md"
@@ -353,7 +354,7 @@ def claims(rows) -> list[dict]:
 # ---------------------------------------------------------------------------
 
 
-def _plots(config: ConfigDict, workdir: Path, rows) -> list[str]:
+def _plots(config: ConfigDict, workdir: epath.Path, rows) -> list[str]:
     """Writes the PNGs; returns their markdown lines."""
     from calib_jax import plots  # matplotlib, imported only here
 
@@ -397,9 +398,9 @@ def _plots(config: ConfigDict, workdir: Path, rows) -> list[str]:
     seed = min(config.seeds)
     for tag, method in (("baseline", baseline), ("best", best)):
         path = grid.train_dir(workdir, method, seed) / "logits" / "test.npz"
-        with np.load(path) as f:
-            probs = jax.nn.softmax(np.asarray(f["logits"], np.float32), axis=-1)
-            labels = np.asarray(f["labels"])
+        f = storage.load_npz(path)
+        probs = jax.nn.softmax(np.asarray(f["logits"], np.float32), axis=-1)
+        labels = np.asarray(f["labels"])
         name = f"reliability_{tag}.png"
         plots.reliability_diagram(
             probs,
@@ -412,9 +413,9 @@ def _plots(config: ConfigDict, workdir: Path, rows) -> list[str]:
     return lines
 
 
-def write_report(config: ConfigDict, workdir: Path, rows) -> Path:
+def write_report(config: ConfigDict, workdir: epath.PathLike, rows) -> epath.Path:
     """Writes ``report.md`` and the PNG plots under ``workdir``; returns the path."""
-    workdir = Path(workdir)
+    workdir = storage.as_path(workdir)
     rows = rows if isinstance(rows, Rows) else Rows(rows)
     seeds = sorted({r["seed"] for r in rows})
     shifts = sorted({r["shift"] for r in rows if r["shift"] != "clean"})
@@ -492,5 +493,5 @@ def write_report(config: ConfigDict, workdir: Path, rows) -> Path:
         "",
     ]
     path = workdir / REPORT_FILE
-    path.write_text("\n".join(lines))
+    storage.write_text(path, "\n".join(lines))
     return path

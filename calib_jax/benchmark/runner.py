@@ -9,17 +9,16 @@ temporary name and renamed, so it exists only complete); a rerun skips it.
 from __future__ import annotations
 
 import json
-import os
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
+from etils import epath
 from ml_collections import ConfigDict
 from tqdm import tqdm
 
 from calib_jax import data as data_lib
-from calib_jax import losses, models
+from calib_jax import losses, models, storage
 from calib_jax.benchmark import evaluate, grid, report
 from calib_jax.train import mesh as mesh_lib
 from calib_jax.train import setup as train_setup
@@ -33,12 +32,15 @@ def _resolved(config: ConfigDict) -> dict:
     return json.loads(config.to_json_best_effort())
 
 
-def check_workdir(config: ConfigDict, workdir: Path) -> None:
+def check_workdir(config: ConfigDict, workdir: epath.PathLike) -> None:
     """Writes the resolved config, or refuses a workdir of another benchmark.
 
     Raises:
-      ValueError: ``workdir`` holds results of a different benchmark config.
+      ValueError: ``workdir`` is malformed or its bucket unreachable, or it
+        holds results of a different benchmark config.
     """
+    workdir = storage.as_path(workdir, what="--workdir")
+    storage.check_reachable(workdir, what="--workdir")
     path = workdir / CONFIG_FILE
     new = _resolved(config)
     if path.exists():
@@ -51,13 +53,11 @@ def check_workdir(config: ConfigDict, workdir: Path) -> None:
             )
         return
     if jax.process_index() == 0:
-        workdir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(new, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        storage.make_dirs(workdir)
+        storage.write_text(path, json.dumps(new, indent=2, sort_keys=True) + "\n")
 
 
-def validate(config: ConfigDict, workdir: Path) -> None:
+def validate(config: ConfigDict, workdir: epath.Path) -> None:
     """Every check that can fail before compute: grid names, train configs, workdir."""
     grid.check_grid(config)
     if config.num_bins < 1:
@@ -74,18 +74,16 @@ def validate(config: ConfigDict, workdir: Path) -> None:
     check_workdir(config, workdir)
 
 
-def _write_rows(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+def _write_rows(path: epath.Path, rows: list[dict]) -> None:
+    storage.make_dirs(path.parent)
+    text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+    storage.write_text(path, text)
 
 
-def read_rows(path: Path) -> list[dict]:
-    """Rows of a JSONL file."""
-    with Path(path).open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_rows(path: epath.PathLike) -> list[dict]:
+    """Rows of a JSONL file (local or in an object store)."""
+    text = storage.as_path(path).read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _summary_line(method: str, seed: int, rows: list[dict], seconds: float) -> str:
@@ -108,7 +106,9 @@ def _summary_line(method: str, seed: int, rows: list[dict], seconds: float) -> s
     return text + f"  ({seconds:.0f} s)"
 
 
-def ensure_trained(config: ConfigDict, workdir: Path, method: str, seed: int) -> Path:
+def ensure_trained(
+    config: ConfigDict, workdir: epath.Path, method: str, seed: int
+) -> epath.Path:
     """Trains (or resumes) the run of one cell unless it finished; returns its dir.
 
     The two-stage method first ensures its stage I, the ``ce`` run of the seed.
@@ -131,7 +131,9 @@ def ensure_trained(config: ConfigDict, workdir: Path, method: str, seed: int) ->
     return train_dir
 
 
-def run_cell(config: ConfigDict, workdir: Path, method: str, seed: int) -> list[dict]:
+def run_cell(
+    config: ConfigDict, workdir: epath.Path, method: str, seed: int
+) -> list[dict]:
     """Trains (or resumes) one cell and returns its result rows."""
     return evaluate.cell_rows(
         evaluate.load_logits(ensure_trained(config, workdir, method, seed)),
@@ -142,17 +144,18 @@ def run_cell(config: ConfigDict, workdir: Path, method: str, seed: int) -> list[
     )
 
 
-def run(config: ConfigDict, workdir: str | Path) -> Path:
+def run(config: ConfigDict, workdir: str | epath.PathLike) -> epath.Path:
     """Runs (or resumes) the whole grid and writes the report.
 
     Args:
       config: a benchmark config (``configs/benchmark_*.py``).
-      workdir: output directory; rerunning the same command resumes.
+      workdir: output directory, local or ``gs://``; rerunning the same
+        command resumes.
 
     Returns:
       The path of ``report.md``.
     """
-    workdir = Path(workdir)
+    workdir = storage.as_path(workdir, what="--workdir")
     validate(config, workdir)
     todo = grid.cells(config)
     primary = jax.process_index() == 0

@@ -10,10 +10,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from pathlib import Path
 
-import numpy as np
-
+from calib_jax import storage
 from calib_jax.data import _digits, corruptions
 from calib_jax.data._sources import ArraySource, NpySource, Source, TfdsSource
 
@@ -211,9 +209,7 @@ def _parse_shift(config: str) -> tuple[str, int] | None:
 
 
 def _cifar10_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
-    from etils import epath  # a tfds dependency; handles local and gs:// dirs
-
-    root = epath.Path(_tfds_dir(data_dir)) / "cifar10_corrupted"
+    root = storage.as_path(_tfds_dir(data_dir), what="data_dir") / "cifar10_corrupted"
     configs = []
     if root.is_dir():
         for child in root.iterdir():
@@ -254,24 +250,25 @@ def _cifar100_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
     )
     if not data_dir:
         raise ValueError("cifar100_corrupted needs data_dir. " + layout)
-    root = Path(data_dir)
+    root = storage.as_path(data_dir, what="data_dir")
+    storage.check_reachable(root, what="data_dir")
     labels_path = root / "labels.npy"
     files = sorted(p for p in root.glob("*.npy") if p.name != "labels.npy")
     if not root.is_dir() or not labels_path.exists() or not files:
         raise ValueError(f"No CIFAR-100-C files in {root}. " + layout)
-    labels = np.load(labels_path, mmap_mode="r")
+    num_labels = storage.read_npy_header(labels_path).shape[0]
     shapes = {}
-    for path in files:
-        images = np.load(path, mmap_mode="r")
+    for path in files:  # headers only: nothing else is read until a split opens
+        shape = storage.read_npy_header(path).shape
         if (
-            images.ndim != 4
-            or images.shape[0] % 5
-            or len(labels) not in (images.shape[0], images.shape[0] // 5)
+            len(shape) != 4
+            or shape[0] % 5
+            or num_labels not in (shape[0], shape[0] // 5)
         ):
             raise ValueError(
-                f"{path} has shape {images.shape} with {len(labels)} labels. " + layout
+                f"{path} has shape {shape} with {num_labels} labels. " + layout
             )
-        shapes[path.stem] = tuple(images.shape[1:])
+        shapes[path.stem] = tuple(shape[1:])
     if len(set(shapes.values())) != 1:
         raise ValueError(f"Image shapes differ between files in {root}: {shapes}.")
     shifts = tuple((p.stem, s) for p in files for s in (1, 2, 3, 4, 5))
@@ -325,4 +322,6 @@ def get_dataset(name: str, *, data_dir: str | None = None, **kwargs) -> Dataset:
         raise ValueError(
             f"Unknown dataset '{name}'. Valid datasets: {', '.join(DATASETS)}."
         )
+    if data_dir:  # a malformed URL fails here, naming it, not as "no data found"
+        storage.as_path(data_dir, what="data_dir")
     return DATASETS[name](data_dir=data_dir, **kwargs)

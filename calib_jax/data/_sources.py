@@ -7,10 +7,12 @@ Every source returns one example as ``{'image': HWC uint8 or float32 ndarray,
 from __future__ import annotations
 
 import operator
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+from etils import epath
+
+from calib_jax import storage
 
 
 class Source(Protocol):
@@ -63,8 +65,10 @@ class NpySource:
     """One severity of a published CIFAR-C ``.npy`` corruption file.
 
     The file holds the five severities stacked in order, ``[5 n, H, W, C]``; this
-    source is rows ``[(severity - 1) n, severity n)``. The file is memory-mapped,
-    so opening a source reads nothing but the header.
+    source is rows ``[(severity - 1) n, severity n)``. A local file is
+    memory-mapped, so opening a source reads nothing but the header; a file in
+    an object store (``gs://``) is read into memory, only this severity's rows
+    (:func:`calib_jax.storage.load_npy`).
 
     Args:
       images_path: ``<corruption>.npy``.
@@ -72,14 +76,16 @@ class NpySource:
       severity: 1..5.
     """
 
-    def __init__(self, images_path: Path, labels_path: Path, severity: int):
-        images = np.load(images_path, mmap_mode="r")
-        labels = np.load(labels_path, mmap_mode="r")
-        n = images.shape[0] // 5
+    def __init__(
+        self, images_path: epath.PathLike, labels_path: epath.PathLike, severity: int
+    ):
+        total = storage.read_npy_header(images_path).shape[0]
+        n = total // 5
         start, stop = (severity - 1) * n, severity * n
-        self.images = images[start:stop]
-        self.labels = labels[start:stop] if len(labels) == len(images) else labels
-        self.path, self.severity = Path(images_path), severity
+        self.images = storage.load_npy(images_path, start=start, stop=stop)
+        labels = storage.load_npy(labels_path)
+        self.labels = labels[start:stop] if len(labels) == total else labels
+        self.path, self.severity = storage.as_path(images_path), severity
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -9,22 +9,25 @@ Example::
 Each ``.npz`` holds ``logits`` ``[N, K]`` and ``labels`` ``[N]`` (other key
 names via ``--logits-key``/``--labels-key``). The JSON goes to ``--out``
 (default: ``<test stem>_posthoc.json`` beside the test file) and is never
-overwritten unless ``--overwrite`` is given. User errors (bad files, keys,
-values or method names) print one line on stderr and exit with status 2.
+overwritten unless ``--overwrite`` is given. Every path may be local or a
+``gs://`` URL. User errors (bad files, keys, values, method names, a malformed
+URL or an unreachable bucket) print one line on stderr and exit with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
-import os
 import sys
 import time
 import zipfile
 import zlib
-from pathlib import Path
 
 import numpy as np
+from etils import epath
+
+from calib_jax import storage
 
 PROG = "python -m calib_jax.posthoc"
 EXIT_USAGE = 2
@@ -73,17 +76,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _as_path(value: str, what: str) -> epath.Path:
+    """Parses a path argument; a malformed URL or unreachable bucket is a UserError."""
+    try:
+        path = storage.as_path(value, what=what)
+        storage.check_reachable(path, what=what)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    return path
+
+
 def _load(path: str, which: str, logits_key: str, labels_key: str):
-    if not os.path.exists(path):
+    file = _as_path(path, f"--{which}")
+    if not file.exists():
         raise UserError(f"--{which} file {path!r} does not exist.")
-    if not os.path.isfile(path):
+    if file.is_dir():
         raise UserError(f"--{which} path {path!r} is not a file.")
-    if not zipfile.is_zipfile(path):  # .npy, text, truncated or random bytes
+    try:
+        raw = io.BytesIO(file.read_bytes())
+    except OSError as err:
+        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UserError(f"cannot read --{which} file {path!r}: {msg}") from None
+    if not zipfile.is_zipfile(raw):  # .npy, text, truncated or random bytes
         raise UserError(
             f"--{which} file {path!r} is not an .npz archive (np.savez output)."
         )
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with np.load(raw, allow_pickle=False) as data:
             keys = list(data.keys())
             for key in (logits_key, labels_key):
                 if key not in keys:
@@ -126,8 +145,8 @@ def _resolve_methods(methods, objective):
     return resolved
 
 
-def _default_out(test_path: str) -> Path:
-    test = Path(test_path)
+def _default_out(test_path: str) -> epath.Path:
+    test = _as_path(test_path, "--test")
     return test.with_name(f"{test.stem}_posthoc.json")
 
 
@@ -202,12 +221,13 @@ def run(argv=None) -> int:
     if args.num_bins < 1:
         raise UserError(f"--num-bins must be >= 1, got {args.num_bins}.")
     methods = _resolve_methods(args.method, args.objective)
-    out = Path(args.out) if args.out else _default_out(args.test)
+    out = _as_path(args.out, "--out") if args.out else _default_out(args.test)
     if out.exists() and not args.overwrite:
         raise UserError(
             f"output file {str(out)!r} exists; pass --overwrite to replace it."
         )
-    if not out.parent.is_dir():
+    # An object store has no directories: any key under a reachable bucket works.
+    if not storage.is_remote(out) and not out.parent.is_dir():
         raise UserError(f"output directory {str(out.parent)!r} does not exist.")
 
     import jax
@@ -274,8 +294,7 @@ def run(argv=None) -> int:
     }
     text = json.dumps(payload, indent=2) + "\n"
     try:
-        with open(out, "w" if args.overwrite else "x") as f:
-            f.write(text)
+        storage.write_text(out, text, exclusive=not args.overwrite)
     except FileExistsError:
         raise UserError(
             f"output file {str(out)!r} exists; pass --overwrite to replace it."

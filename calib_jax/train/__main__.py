@@ -33,7 +33,9 @@ def main(argv):
     del argv
     from calib_jax.train.loop import train_and_evaluate  # after flag parsing
 
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    # absl shows INFO records of every library; fsspec logs one per remote read.
+    for name in ("absl", "fsspec"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         config = _CONFIG.value
         config.keys()  # a file that failed to load raises on first access

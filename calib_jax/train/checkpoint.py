@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from jax.experimental import multihost_utils
 
+from calib_jax import storage
 from calib_jax.train.state import TrainState
 
 
@@ -23,13 +24,29 @@ class Checkpointer:
     unreadable newer ones are moved (not deleted) to
     ``<workdir>/checkpoints_unreadable/<step>``, so that training saves those
     steps again when it reaches them.
+
+    A save cut short (SIGKILL) is never a checkpoint: Orbax deletes its
+    leftovers when the next run creates the manager.
+
+    ``workdir`` may be a ``gs://`` URL: Orbax then writes the array data
+    through tensorstore and marks a finished step with ``commit_success.txt``
+    (an object store has no atomic rename); unreadable steps are moved aside
+    by copying their objects, then deleting them.
     """
 
-    def __init__(self, workdir: str | Path, *, max_to_keep: int | None = 3):
-        self.directory = Path(workdir).absolute() / "checkpoints"
+    def __init__(self, workdir: str | epath.PathLike, *, max_to_keep: int | None = 3):
+        self.directory = storage.absolute(workdir) / "checkpoints"
         self.manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep,
+                create=True,
+                # A save cut short leaves an unfinished step: a temporary
+                # directory locally; in a bucket, a step directory without
+                # commit_success.txt, into which the next save of that step
+                # would write. Orbax deletes them here.
+                cleanup_tmp_directories=True,
+            ),
         )
 
     def save(self, state: TrainState, *, force: bool = False) -> None:
@@ -73,13 +90,13 @@ class Checkpointer:
             return
         if jax.process_index() == 0:
             aside = self.directory.parent / "checkpoints_unreadable"
-            aside.mkdir(exist_ok=True)
+            storage.make_dirs(aside)
             for step in steps:
                 target = aside / str(step)
                 n = 1
                 while target.exists():  # the same step went bad before
                     target, n = aside / f"{step}.{n}", n + 1
-                (self.directory / str(step)).rename(target)
+                storage.move_tree(self.directory / str(step), target)
                 logging.warning(
                     "Moved unreadable checkpoint %s to %s; step %d will be saved again.",
                     self.directory / str(step),

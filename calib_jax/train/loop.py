@@ -7,14 +7,15 @@ import logging
 import math
 import signal
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from etils import epath
 from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
 from tqdm import tqdm
 
+from calib_jax import storage
 from calib_jax.train import setup as setup_lib
 from calib_jax.train.checkpoint import Checkpointer
 
@@ -61,18 +62,20 @@ class _Preemption:
 
 
 class JsonlWriter:
-    """Appends one JSON object per line to ``<workdir>/metrics.jsonl`` (process 0)."""
+    """Appends one JSON object per line to ``<workdir>/metrics.jsonl`` (process 0).
 
-    def __init__(self, path: Path):
-        self.path = path
+    In an object store (no append) each write rewrites the file whole.
+    """
+
+    def __init__(self, path: epath.PathLike):
+        self.path = storage.as_path(path)
 
     def write(self, step: int, values: dict) -> None:
         if jax.process_index() != 0:
             return
         row = {"step": int(step), "time": round(time.time(), 3)}
         row.update({k: float(v) for k, v in values.items()})
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        storage.append_text(self.path, json.dumps(row) + "\n")
 
 
 def _accumulate(acc: dict, metrics: dict) -> dict:
@@ -127,16 +130,16 @@ def _summarise(acc: dict) -> dict[str, float]:
 
 
 def train_and_evaluate(
-    config: ConfigDict, workdir: str | Path, *, progress: bool = True
+    config: ConfigDict, workdir: str | epath.PathLike, *, progress: bool = True
 ) -> dict[str, float]:
     """Trains as ``config`` says, resuming from the latest checkpoint in ``workdir``.
 
     Everything that can be wrong with the config, the names in it or the
     workdir is checked before any compute. ``progress=False`` hides the step
     bar (the benchmark shows one bar over its grid instead). Returns the final
-    evaluation.
+    evaluation. ``workdir`` may be local or a ``gs://`` URL.
     """
-    workdir = Path(workdir)
+    workdir = storage.as_path(workdir, what="--workdir")
     run = setup_lib.build(config, workdir)  # validates; raises ValueError
     writer = JsonlWriter(workdir / "metrics.jsonl")
     ckpt = Checkpointer(workdir)
@@ -222,7 +225,7 @@ def train_and_evaluate(
     return summary
 
 
-def load_jsonl(path: str | Path) -> list[dict]:
-    """Reads a metrics.jsonl file."""
-    with Path(path).open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+def load_jsonl(path: str | epath.PathLike) -> list[dict]:
+    """Reads a metrics.jsonl file (local or in an object store)."""
+    text = storage.as_path(path).read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

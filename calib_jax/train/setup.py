@@ -11,18 +11,17 @@ import dataclasses
 import functools
 import json
 import math
-import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from ml_collections import ConfigDict
 
 from calib_jax import data as data_lib
-from calib_jax import losses, models
+from calib_jax import losses, models, storage
 from calib_jax.data import augment as augment_lib
 from calib_jax.data import corruptions, pipeline
 from calib_jax.train import evaluate as eval_lib
@@ -59,8 +58,14 @@ def _resolved(config: ConfigDict) -> dict:
     return json.loads(config.to_json_best_effort())
 
 
-def check_workdir(config: ConfigDict, workdir: Path) -> None:
-    """Writes ``config.json``, or checks that an existing one is the same run."""
+def check_workdir(config: ConfigDict, workdir: str | epath.PathLike) -> None:
+    """Writes ``config.json``, or checks that an existing one is the same run.
+
+    A ``gs://`` workdir is checked first: a malformed URL, a missing bucket or
+    an unreachable store is a one-line ``ValueError`` naming it.
+    """
+    workdir = storage.as_path(workdir, what="--workdir")
+    storage.check_reachable(workdir, what="--workdir")
     path = workdir / "config.json"
     new = _resolved(config)
     if workdir.exists() and not workdir.is_dir():
@@ -79,15 +84,13 @@ def check_workdir(config: ConfigDict, workdir: Path) -> None:
         return
     if jax.process_index() == 0:
         try:
-            workdir.mkdir(parents=True, exist_ok=True)
+            storage.make_dirs(workdir)
         except OSError as e:
             msg = f"cannot create --workdir {workdir}: {e.strerror}."
             raise ValueError(msg) from None
-        # Written whole, then renamed: another process checking a shared
-        # workdir never reads a half-written file.
-        tmp = path.with_name(f".config.json.{os.getpid()}")
-        tmp.write_text(json.dumps(new, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        # Written whole (renamed into place, or one upload): another process
+        # checking a shared workdir never reads a half-written file.
+        storage.write_text(path, json.dumps(new, indent=2, sort_keys=True) + "\n")
 
 
 @dataclasses.dataclass
@@ -95,7 +98,7 @@ class Run:
     """A built run: what the host loop needs."""
 
     config: ConfigDict
-    workdir: Path
+    workdir: epath.Path
     num_steps: int
     schedule: Callable[[int], Any]
     abstract_state: TrainState
@@ -144,8 +147,9 @@ def check_numbers(config: ConfigDict) -> None:
         )
 
 
-def build(config: ConfigDict, workdir: Path) -> Run:
+def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
     """Validates ``config`` and returns the assembled run (no training yet)."""
+    workdir = storage.as_path(workdir, what="--workdir")
     check_numbers(config)
     if config.calibration_stats not in CALIBRATION_STATS:
         raise ValueError(
@@ -393,8 +397,8 @@ def _evaluate(config, workdir, dataset, shifts, eval_step, state, put, export):
             results[f"shift/mean/{metric}"] = float(np.mean(values))
     if export and jax.process_index() == 0:
         out = workdir / "logits"
-        out.mkdir(parents=True, exist_ok=True)
+        storage.make_dirs(out)
         for key, (logits, labels) in exported.items():
             fname = key.replace("/", "_") + ".npz"
-            np.savez(out / fname, logits=logits, labels=labels)
+            storage.save_npz(out / fname, logits=logits, labels=labels)
     return results

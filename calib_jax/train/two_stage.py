@@ -29,14 +29,13 @@ import dataclasses
 import json
 import math
 from collections.abc import Callable
-from pathlib import Path
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from ml_collections import ConfigDict
 
-from calib_jax import models
+from calib_jax import models, storage
 from calib_jax.train import optim
 from calib_jax.train.checkpoint import Checkpointer
 from calib_jax.train.state import TrainState, create, variables
@@ -92,7 +91,9 @@ def masks_for(state: TrainState, params, period) -> dict:
 
 
 def _load_stage_one(config: ConfigDict, dataset):
-    directory = Path(config.two_stage.stage1_workdir or "")
+    what = "config.two_stage.stage1_workdir"
+    directory = storage.as_path(config.two_stage.stage1_workdir or ".", what=what)
+    storage.check_reachable(directory, what=what)
     cfg_path = directory / "config.json"
     if not config.two_stage.stage1_workdir or not cfg_path.exists():
         raise ValueError(

@@ -129,7 +129,25 @@ def _write_cifar100_c(root, corruptions=("contrast", "gaussian_noise"), n=4):
 def test_cifar100_corrupted_npy_directory(tmp_path):
     root = tmp_path / "CIFAR-100-C"
     _write_cifar100_c(root)
-    ds = data.get_dataset("cifar100_corrupted", data_dir=str(root))
+    _check_cifar100_c(data.get_dataset("cifar100_corrupted", data_dir=str(root)))
+
+
+def test_cifar100_corrupted_npy_directory_in_a_bucket(tmp_path, gcs_bucket):
+    """The same files in gs://: headers, then only the opened severity's rows."""
+    from calib_jax import storage
+
+    local = tmp_path / "CIFAR-100-C"
+    _write_cifar100_c(local)
+    remote = f"{gcs_bucket}/CIFAR-100-C"
+    for path in local.iterdir():
+        storage.write_bytes(f"{remote}/{path.name}", path.read_bytes())
+    ds = data.get_dataset("cifar100_corrupted", data_dir=remote)
+    _check_cifar100_c(ds)
+    source = ds.source("contrast_2")
+    assert not isinstance(source.images, np.memmap) and source.images.shape[0] == 4
+
+
+def _check_cifar100_c(ds):
     assert ds.num_classes == 100 and ds.image_shape == (32, 32, 3)
     assert ds.shifts() == [("contrast", s) for s in range(1, 6)] + [
         ("gaussian_noise", s) for s in range(1, 6)

@@ -1,0 +1,370 @@
+"""Paths and whole-file I/O that work alike on local disks and in object stores.
+
+Every path calib_jax reads or writes goes through :func:`as_path`, which turns
+a user's string into an ``etils.epath.Path``: a local path, or an object-store
+URL (``gs://<bucket>/<path>``; epath also knows ``s3://``, ``az://`` and
+``hf://``). A ``pathlib.Path`` would silently turn ``gs://b/run`` into the
+local directory ``./gs:/b/run`` on every host; :func:`as_path` refuses such
+strings instead, with one line naming the path.
+
+``gs://`` is read and written by ``gcsfs`` (epath's fsspec backend; Orbax
+writes array data through tensorstore). Object stores have no directories, no
+rename and no append, so the helpers here pick, per path, what keeps a file
+whole:
+
+- :func:`write_text`/:func:`write_bytes`: a local file is written under a
+  temporary name and renamed; an object is uploaded in one request, which the
+  store makes visible only once complete.
+- :func:`append_text`: local append; an object is rewritten whole.
+- :func:`move_tree`: a local rename; objects are copied, then deleted.
+- :func:`load_npy`: a local ``.npy`` is memory-mapped; an object is read
+  (only the requested rows of a C-ordered array) into memory.
+
+Reachability of a bucket is checked once, before any work
+(:func:`check_reachable`): a missing bucket or an unreachable store fails with
+one line instead of a traceback after a minute of retries.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+import re
+from typing import NamedTuple
+
+import numpy as np
+from etils import epath
+
+# URL schemes epath maps to object stores (the rest of a URL is bucket/key).
+REMOTE_SCHEMES = ("gs", "s3", "az", "hf")
+# Schemes that, written without "//", would become a local directory "gs:".
+_URL_LIKE = (*REMOTE_SCHEMES, "gcs", "s3a", "abfs", "file", "http", "https")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+):(/*)(.*)$", re.DOTALL)
+# GCS bucket names: 3-63 characters (222 with dots, 63 per dot-separated part)
+# of lowercase letters, digits, '-', '_' and '.', starting and ending with a
+# letter or digit.
+_GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+# The fsspec package that serves each scheme (named in errors when missing).
+_PACKAGES = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs", "hf": "huggingface_hub"}
+DEFAULT_TIMEOUT = 30.0
+
+
+def _bad(what: str, text: str, why: str) -> ValueError:
+    return ValueError(f"{what} {text!r} is not a valid path: {why}.")
+
+
+def as_path(value: str | os.PathLike, *, what: str = "path") -> epath.Path:
+    """Parses a path given by a user into an ``epath.Path``.
+
+    Args:
+      value: a local path or an object-store URL (``gs://<bucket>/<path>``),
+        as a string, ``pathlib.Path`` or ``epath.Path``.
+      what: how errors name the value (e.g. ``"--workdir"``).
+
+    Returns:
+      The path; ``gs://`` paths are read and written through gcsfs.
+
+    Raises:
+      ValueError: one line naming ``value``: an empty path, a URL without a
+        bucket, a scheme written with one slash (``gs:/b/x``, which would
+        create a local directory ``gs:``), an unsupported scheme, or an
+        invalid GCS bucket name.
+    """
+    text = os.fspath(value)
+    if not text:
+        raise ValueError(f"{what} is empty; give a local path or gs://<bucket>/<path>.")
+    match = _SCHEME.match(text)
+    if match is None:
+        return epath.Path(text)
+    scheme, slashes, rest = match.groups()
+    scheme = scheme.lower()
+    supported = ", ".join(f"{s}://" for s in REMOTE_SCHEMES)
+    if slashes.startswith("//"):
+        rest = slashes[2:] + rest
+        if scheme not in REMOTE_SCHEMES:
+            hint = " (write gs:// for Google Cloud Storage)" if scheme == "gcs" else ""
+            raise _bad(
+                what,
+                text,
+                f"unsupported scheme {scheme}://{hint}; use a local path or one "
+                f"of {supported}",
+            )
+        bucket = rest.split("/", 1)[0]
+        if not bucket:
+            raise _bad(
+                what, text, f"it names no bucket; write {scheme}://<bucket>/<path>"
+            )
+        if scheme == "gs" and not (
+            _GCS_BUCKET.match(bucket)
+            and (len(bucket) <= 63 or "." in bucket)
+            and all(0 < len(part) <= 63 for part in bucket.split("."))
+        ):
+            raise _bad(
+                what,
+                text,
+                f"{bucket!r} is not a GCS bucket name (3-63 lowercase letters, "
+                "digits, '-', '_' or '.', starting and ending with a letter or digit)",
+            )
+        return epath.Path(f"{scheme}://{rest}")
+    if scheme in _URL_LIKE:
+        raise _bad(
+            what,
+            text,
+            f"a URL needs two slashes, {scheme}://<bucket>/<path> (as written it "
+            f"would be a local directory named '{scheme}:')",
+        )
+    return epath.Path(text)  # a local name that contains a colon
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an object-store URL (``gs://``, ``s3://``, ...)."""
+    return os.fspath(path).startswith(tuple(f"{s}://" for s in REMOTE_SCHEMES))
+
+
+def absolute(path: str | os.PathLike) -> epath.Path:
+    """``path`` made absolute when local; object-store URLs are returned as given.
+
+    (``epath.Path.absolute`` would prefix a ``gs://`` URL with the working
+    directory.)
+    """
+    path = as_path(path)
+    return path if is_remote(path) else epath.Path(os.path.abspath(path))
+
+
+def check_reachable(
+    path: str | os.PathLike, *, what: str = "path", timeout: float = DEFAULT_TIMEOUT
+) -> None:
+    """Checks that the bucket of an object-store path exists and answers.
+
+    Local paths are not checked (their errors are specific to what is done
+    with them). The check asks the store for the bucket once, bounded by
+    ``timeout`` (the storage client's own retries of an unreachable endpoint
+    take about a minute), with the client's logging silenced.
+
+    Args:
+      path: a path or URL (parsed by :func:`as_path`).
+      what: how errors name the path (e.g. ``"--workdir"``).
+      timeout: seconds to wait for the store's answer.
+
+    Raises:
+      ValueError: one line naming the path: malformed (see :func:`as_path`),
+        the bucket does not exist or is not visible, the store does not
+        answer within ``timeout``, or its client package is not installed.
+    """
+    path = as_path(path, what=what)
+    if not is_remote(path):
+        return
+    scheme, bucket = path.parts[1], path.parts[2]
+    root = f"{scheme}://{bucket}"
+    try:
+        import fsspec.asyn
+        import fsspec.core
+
+        fs, _ = fsspec.core.url_to_fs(root)
+    except ImportError as e:
+        package = _PACKAGES.get(scheme, "an fsspec implementation")
+        raise ValueError(
+            f"{what} {path}: {scheme}:// paths need the {package} package "
+            f"(pip install {package}); {e}."
+        ) from None
+    from fsspec.exceptions import FSTimeoutError
+
+    client_log = logging.getLogger(type(fs).__module__.split(".")[0])
+    level = client_log.level
+    client_log.setLevel(logging.CRITICAL + 1)
+    try:
+        if getattr(fs, "async_impl", False):
+            fsspec.asyn.sync(fs.loop, fs._info, bucket, timeout=timeout)
+        else:
+            fs.info(bucket)
+    except FileNotFoundError:
+        raise ValueError(
+            f"{what} {path}: bucket {root} does not exist or is not visible to "
+            "these credentials."
+        ) from None
+    except FSTimeoutError:
+        raise ValueError(
+            f"{what} {path}: no answer about bucket {root} within {timeout:g} s "
+            "(is the storage endpoint reachable from this host?)."
+        ) from None
+    except Exception as e:  # noqa: BLE001 - any client error means unreachable
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(
+            f"{what} {path}: cannot reach bucket {root} ({type(e).__name__}: {first})."
+        ) from None
+    finally:
+        client_log.setLevel(level)
+
+
+def make_dirs(path: str | os.PathLike) -> None:
+    """Creates a local directory and its parents; nothing for an object store.
+
+    Object stores have no directories: a "directory" exists once an object
+    is written under it (and creating one through gcsfs could create a bucket).
+    """
+    path = as_path(path)
+    if not is_remote(path):
+        path.mkdir(parents=True, exist_ok=True)
+
+
+def write_bytes(
+    path: str | os.PathLike, data: bytes, *, exclusive: bool = False
+) -> None:
+    """Writes a whole file so that readers see the old content or the new, never half.
+
+    Local: written under a temporary name beside ``path``, then renamed over
+    it. Object store: one upload, which the store publishes only once complete.
+
+    Args:
+      path: destination (its directory must exist when local).
+      data: the file's content.
+      exclusive: fail with ``FileExistsError`` when ``path`` exists (local:
+        an exclusive create; object store: checked just before the upload).
+    """
+    path = as_path(path)
+    if is_remote(path):
+        if exclusive and path.exists():
+            raise FileExistsError(os.fspath(path))
+        path.write_bytes(data)
+        return
+    if exclusive:
+        with open(path, "xb") as f:
+            f.write(data)
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | os.PathLike, text: str, *, exclusive: bool = False) -> None:
+    """:func:`write_bytes` of ``text`` encoded as UTF-8."""
+    write_bytes(path, text.encode("utf-8"), exclusive=exclusive)
+
+
+def append_text(path: str | os.PathLike, text: str) -> None:
+    """Appends ``text`` to a file, creating it when missing.
+
+    Objects cannot be appended to (gcsfs turns mode ``'a'`` into an
+    overwrite), so an object is read and rewritten whole: fine for logs of a
+    few thousand lines, written by one process.
+    """
+    path = as_path(path)
+    if not is_remote(path):
+        with path.open("a") as f:
+            f.write(text)
+        return
+    old = path.read_text() if path.exists() else ""
+    path.write_text(old + text)
+
+
+def save_npz(path: str | os.PathLike, **arrays: np.ndarray) -> None:
+    """``np.savez`` of ``arrays`` to ``path``, written whole (:func:`write_bytes`)."""
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    write_bytes(path, buf.getvalue())
+
+
+def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file (no pickled objects)."""
+    with np.load(io.BytesIO(as_path(path).read_bytes()), allow_pickle=False) as f:
+        return {key: f[key] for key in f.files}
+
+
+class NpyHeader(NamedTuple):
+    """The header of an ``.npy`` file."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran_order: bool
+    offset: int  # bytes before the array data
+
+
+def _read_header(f, path) -> NpyHeader:
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    else:
+        raise ValueError(f"{path}: .npy format version {version} is not supported.")
+    return NpyHeader(tuple(shape), dtype, bool(fortran), f.tell())
+
+
+def read_npy_header(path: str | os.PathLike) -> NpyHeader:
+    """Reads only the header of an ``.npy`` file (shape, dtype, layout)."""
+    path = as_path(path)
+    with path.open("rb") as f:
+        return _read_header(f, path)
+
+
+def load_npy(
+    path: str | os.PathLike, *, start: int = 0, stop: int | None = None
+) -> np.ndarray:
+    """Rows ``[start, stop)`` of an ``.npy`` array, read-only.
+
+    A local file is memory-mapped (nothing is read until indexed). An object
+    is read into memory; for a C-ordered array only the bytes of the
+    requested rows are fetched.
+
+    Args:
+      path: the ``.npy`` file.
+      start: first row (clipped to the array).
+      stop: end row, exclusive (None: to the end; clipped to the array).
+
+    Returns:
+      The rows, as a read-only array (a ``np.memmap`` for local files).
+    """
+    path = as_path(path)
+    if not is_remote(path):
+        return np.load(os.fspath(path), mmap_mode="r")[start:stop]
+    with path.open("rb") as f:
+        header = _read_header(f, path)
+        if header.dtype.hasobject:
+            raise ValueError(f"{path}: object arrays cannot be loaded.")
+        shape, dtype = header.shape, header.dtype
+        if not shape or header.fortran_order:
+            f.seek(header.offset)
+            order = "F" if header.fortran_order else "C"
+            data = f.read(math.prod(shape) * dtype.itemsize)
+            out = np.frombuffer(data, dtype).reshape(shape, order=order)
+            return out[start:stop] if shape else out
+        lo, hi, _ = slice(start, stop).indices(shape[0])
+        hi = max(hi, lo)
+        row = math.prod(shape[1:]) * dtype.itemsize
+        f.seek(header.offset + lo * row)
+        data = f.read((hi - lo) * row)
+    return np.frombuffer(data, dtype).reshape((hi - lo, *shape[1:]))
+
+
+def move_tree(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Moves the file or directory ``src`` to ``dst`` (which must not exist).
+
+    Local: one rename. Object store (no rename): every object is copied
+    under ``dst``, then ``src`` is deleted; an interruption leaves a complete
+    ``src``, possibly with a partial copy.
+    """
+    src, dst = as_path(src), as_path(dst)
+    if not (is_remote(src) or is_remote(dst)):
+        src.rename(dst)
+        return
+    if dst.exists():
+        raise FileExistsError(f"{dst} exists; cannot move {src} there.")
+
+    def copy(a: epath.Path, b: epath.Path) -> None:
+        if a.is_dir():
+            for child in a.iterdir():
+                copy(child, b / child.name)
+        else:
+            a.copy(b)
+
+    copy(src, dst)
+    if src.is_dir():
+        src.rmtree()
+    else:
+        src.unlink()

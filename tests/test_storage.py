@@ -1,0 +1,274 @@
+"""calib_jax.storage: path parsing, whole-file writes and .npy/.npz I/O, local and gs://.
+
+gs:// cases run against the GCS API emulator of tests/_gcs.py; the bucket's
+content is checked over the emulator's HTTP API, not through the code tested.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+
+import _gcs
+import numpy as np
+import pytest
+from etils import epath
+
+from calib_jax import storage
+
+RNG = np.random.default_rng(0)
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err)
+    assert text and "\n" not in text, text
+    return text
+
+
+def _bucket(url: str) -> str:
+    return url[len("gs://") :]
+
+
+# ---------------------------------------------------------------------------
+# Parsing
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, text, remote",
+    [
+        ("runs/a", "runs/a", False),
+        ("/tmp/x/../y", "/tmp/x/../y", False),
+        ("run:1/x", "run:1/x", False),  # a colon in a local name is fine
+        ("gs://bkt/run", "gs://bkt/run", True),
+        ("gs://bkt", "gs://bkt", True),
+        ("GS://bkt/run/", "gs://bkt/run", True),
+        ("gs://my.bucket_1-a/x/y.npz", "gs://my.bucket_1-a/x/y.npz", True),
+        ("s3://b/k", "s3://b/k", True),
+    ],
+)
+def test_as_path_accepts_local_paths_and_urls(value, text, remote):
+    path = storage.as_path(value)
+    assert isinstance(path, epath.Path)
+    assert os.fspath(path) == text
+    assert storage.is_remote(path) is remote
+
+
+def test_as_path_keeps_epath_and_pathlib_paths(tmp_path):
+    assert os.fspath(storage.as_path(tmp_path / "a")) == os.fspath(tmp_path / "a")
+    gs = epath.Path("gs://bkt/a")
+    assert os.fspath(storage.as_path(gs)) == "gs://bkt/a"
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("", "--workdir is empty"),
+        ("gs://", "it names no bucket"),
+        ("gs:///run", "it names no bucket"),
+        ("gs:/bucket/run", "a URL needs two slashes, gs://<bucket>/<path>"),
+        ("gs:bucket/run", "would be a local directory named 'gs:'"),
+        ("s3:/b/k", "a URL needs two slashes, s3://"),
+        ("gcs://bucket/run", "unsupported scheme gcs:// (write gs://"),
+        ("ftp://host/run", "unsupported scheme ftp://"),
+        ("gs://Bucket/run", "'Bucket' is not a GCS bucket name"),
+        ("gs://ab/run", "'ab' is not a GCS bucket name"),
+        ("gs://-ab/run", "'-ab' is not a GCS bucket name"),
+        ("gs://" + "a" * 64 + "/run", "is not a GCS bucket name"),
+        ("gs://a b/run", "is not a GCS bucket name"),
+    ],
+)
+def test_as_path_rejects_malformed_paths_in_one_line(value, message):
+    with pytest.raises(ValueError) as err:
+        storage.as_path(value, what="--workdir")
+    text = _one_line(err.value)
+    assert message in text
+    if value:
+        assert f"--workdir {value!r}" in text
+
+
+def test_absolute_leaves_urls_alone(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert os.fspath(storage.absolute("rel/x")) == os.fspath(tmp_path / "rel" / "x")
+    # epath's own absolute() would prefix the working directory.
+    assert os.fspath(storage.absolute("gs://bkt/run")) == "gs://bkt/run"
+
+
+# ---------------------------------------------------------------------------
+# Local files
+# ---------------------------------------------------------------------------
+
+
+def test_write_text_replaces_whole_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "config.json"
+    storage.write_text(path, "first\n")
+    storage.write_text(path, "second\n")
+    assert path.read_text() == "second\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+    with pytest.raises(FileExistsError):
+        storage.write_text(path, "third\n", exclusive=True)
+    assert path.read_text() == "second\n"
+    storage.write_text(tmp_path / "new.json", "x", exclusive=True)
+    assert (tmp_path / "new.json").read_text() == "x"
+    with pytest.raises(FileNotFoundError):
+        storage.write_text(tmp_path / "missing" / "a.txt", "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "new.json"]
+
+
+def test_append_and_make_dirs_local(tmp_path):
+    path = tmp_path / "a" / "b" / "log.jsonl"
+    storage.make_dirs(path.parent)
+    for i in range(3):
+        storage.append_text(path, f"{i}\n")
+    assert path.read_text() == "0\n1\n2\n"
+
+
+def _npy_bytes(array: np.ndarray, version=None) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, array, version=version)
+    return buf.getvalue()
+
+
+ARRAYS = {
+    "c_order": RNG.integers(0, 256, (10, 4, 3, 2)).astype(np.uint8),
+    "fortran": np.asfortranarray(RNG.normal(size=(9, 5))),
+    "labels": RNG.integers(0, 100, 10).astype(np.int64),
+}
+SLICES = [(0, None), (0, 5), (3, 7), (7, None), (8, 100), (12, None), (6, 2)]
+
+
+def _check_npy(directory: epath.Path, version=None) -> None:
+    for name, array in ARRAYS.items():
+        path = directory / f"{name}.npy"
+        storage.write_bytes(path, _npy_bytes(array, version))
+        header = storage.read_npy_header(path)
+        assert header.shape == array.shape and header.dtype == array.dtype
+        assert header.fortran_order == (name == "fortran")
+        for start, stop in SLICES:
+            got = storage.load_npy(path, start=start, stop=stop)
+            want = array[start:stop]
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(got, want)
+            assert not got.flags.writeable
+
+
+@pytest.mark.parametrize("version", [None, (2, 0)])
+def test_npy_rows_local_are_memory_mapped(tmp_path, version):
+    _check_npy(epath.Path(tmp_path), version)
+    assert isinstance(storage.load_npy(tmp_path / "c_order.npy", start=2), np.memmap)
+
+
+def test_npz_round_trip_local(tmp_path):
+    logits = RNG.normal(size=(7, 3)).astype(np.float32)
+    labels = RNG.integers(0, 3, 7)
+    storage.save_npz(tmp_path / "val.npz", logits=logits, labels=labels)
+    got = storage.load_npz(tmp_path / "val.npz")
+    assert sorted(got) == ["labels", "logits"]
+    np.testing.assert_array_equal(got["logits"], logits)
+    np.testing.assert_array_equal(got["labels"], labels)
+    with np.load(tmp_path / "val.npz") as f:  # a plain np.savez archive
+        np.testing.assert_array_equal(f["logits"], logits)
+
+
+def test_move_tree_local(tmp_path):
+    (tmp_path / "src" / "d").mkdir(parents=True)
+    (tmp_path / "src" / "d" / "f.txt").write_text("x")
+    storage.move_tree(tmp_path / "src", tmp_path / "dst")
+    assert not (tmp_path / "src").exists()
+    assert (tmp_path / "dst" / "d" / "f.txt").read_text() == "x"
+
+
+def test_local_paths_are_not_probed(tmp_path):
+    storage.check_reachable(tmp_path / "does" / "not" / "exist")
+    assert not (tmp_path / "does").exists()
+
+
+# ---------------------------------------------------------------------------
+# gs:// on the emulator
+# ---------------------------------------------------------------------------
+
+
+def test_gs_whole_writes_appends_and_npz(gcs_emulator, gcs_bucket):
+    bucket = _bucket(gcs_bucket)
+    root = storage.as_path(f"{gcs_bucket}/run")
+    storage.make_dirs(root / "logits")  # no directories in a bucket: no object
+    assert gcs_emulator.objects(bucket) == []
+    storage.write_text(root / "config.json", '{"a": 1}\n')
+    storage.write_text(root / "config.json", '{"a": 2}\n')
+    with pytest.raises(FileExistsError):
+        storage.write_text(root / "config.json", "x", exclusive=True)
+    for i in range(3):  # gcsfs alone would overwrite on mode 'a'
+        storage.append_text(root / "metrics.jsonl", f'{{"step": {i}}}\n')
+    logits = RNG.normal(size=(11, 4)).astype(np.float32)
+    labels = RNG.integers(0, 4, 11).astype(np.int32)
+    storage.save_npz(root / "logits" / "test.npz", logits=logits, labels=labels)
+
+    assert gcs_emulator.objects(bucket) == [
+        "run/config.json",
+        "run/logits/test.npz",
+        "run/metrics.jsonl",
+    ]
+    assert gcs_emulator.read(bucket, "run/config.json") == b'{"a": 2}\n'
+    assert gcs_emulator.read(bucket, "run/metrics.jsonl") == (
+        b'{"step": 0}\n{"step": 1}\n{"step": 2}\n'
+    )
+    with np.load(io.BytesIO(gcs_emulator.read(bucket, "run/logits/test.npz"))) as f:
+        np.testing.assert_array_equal(f["logits"], logits)
+    got = storage.load_npz(root / "logits" / "test.npz")
+    np.testing.assert_array_equal(got["logits"], logits)
+    np.testing.assert_array_equal(got["labels"], labels)
+
+
+@pytest.mark.parametrize("version", [None, (2, 0)])
+def test_gs_npy_reads_rows(gcs_emulator, gcs_bucket, version):
+    _check_npy(storage.as_path(f"{gcs_bucket}/c100c"), version)
+
+
+def test_gs_move_tree_copies_then_deletes(gcs_emulator, gcs_bucket):
+    bucket = _bucket(gcs_bucket)
+    root = storage.as_path(gcs_bucket)
+    storage.write_text(root / "ckpt" / "30" / "a.txt", "a")
+    storage.write_bytes(root / "ckpt" / "30" / "d" / "0.bin", b"\x00\x01")
+    storage.write_text(root / "ckpt" / "20" / "a.txt", "kept")
+    storage.move_tree(root / "ckpt" / "30", root / "aside" / "30")
+    assert gcs_emulator.objects(bucket) == [
+        "aside/30/a.txt",
+        "aside/30/d/0.bin",
+        "ckpt/20/a.txt",
+    ]
+    assert gcs_emulator.read(bucket, "aside/30/d/0.bin") == b"\x00\x01"
+    with pytest.raises(FileExistsError):
+        storage.move_tree(root / "ckpt" / "20", root / "aside" / "30")
+
+
+def test_check_reachable_names_a_missing_bucket(gcs_emulator, gcs_bucket, capfd):
+    storage.check_reachable(f"{gcs_bucket}/run", what="--workdir")
+    before = gcs_emulator.buckets()
+    with pytest.raises(ValueError) as err:
+        storage.check_reachable("gs://no-such-bucket/run", what="--workdir")
+    text = _one_line(err.value)
+    assert text.startswith(
+        "--workdir gs://no-such-bucket/run: bucket gs://no-such-bucket"
+    )
+    assert "does not exist" in text
+    # make_dirs never creates a bucket (gcsfs's makedirs would).
+    storage.make_dirs("gs://no-such-bucket/run/logits")
+    assert gcs_emulator.buckets() == before
+    assert capfd.readouterr().err == ""
+
+
+def test_check_reachable_gives_up_on_a_silent_endpoint(
+    gcs_emulator, monkeypatch, capfd
+):
+    dead = f"http://127.0.0.1:{_gcs.free_port()}"
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", dead)
+    start = time.monotonic()
+    with pytest.raises(ValueError) as err:
+        storage.check_reachable("gs://some-bucket/run", what="--workdir", timeout=2.0)
+    elapsed = time.monotonic() - start
+    text = _one_line(err.value)
+    assert text.startswith("--workdir gs://some-bucket/run: no answer about bucket")
+    assert "within 2 s" in text
+    assert elapsed < 8.0, elapsed  # the client alone retries for about a minute
+    assert capfd.readouterr().err == ""  # the client's retry log is silenced

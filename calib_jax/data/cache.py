@@ -214,12 +214,26 @@ def _save(path: epath.Path, array: np.ndarray) -> None:
     tmp.replace(path)
 
 
-def build(source: Source, directory: epath.Path, *, workers: int = 0) -> ArraySource:
+def build(
+    source: Source,
+    directory: str | os.PathLike,
+    *,
+    workers: int = 0,
+    expected: dict[str, Any] | None = None,
+) -> ArraySource:
     """Decodes ``source`` into the cache ``directory`` (replacing any old one).
 
-    Returns the cached split, opened as :func:`open_or_build` would.
+    Args:
+      source: a source with a stable ``cache_key``.
+      directory: the cache directory of this source (:func:`cache_path`).
+      workers: decoding threads.
+      expected: ``describe(source)`` when already computed.
+
+    Returns:
+      The cached split, opened as :func:`open_or_build` would.
     """
-    expected = describe(source)
+    directory = epath.Path(directory)
+    expected = describe(source) if expected is None else expected
     directory.mkdir(parents=True, exist_ok=True)
     meta = directory / "meta.json"
     if meta.exists():
@@ -281,7 +295,7 @@ def open_or_build(
             directory,
             problem,
         )
-    return build(source, directory, workers=workers)
+    return build(source, directory, workers=workers, expected=expected)
 
 
 class SplitCache:

@@ -234,7 +234,14 @@ def build(
     """
     directory = epath.Path(directory)
     expected = describe(source) if expected is None else expected
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(
+            f"Cannot create the decoded-split cache {directory} "
+            f"({e.strerror or e}); set config.input.cache_dir to a writable "
+            "directory, or raise config.input.memory_gb to keep the split in memory."
+        ) from None
     meta = directory / "meta.json"
     if meta.exists():
         meta.unlink()  # the cache is invalid from here until it is complete

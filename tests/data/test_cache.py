@@ -193,3 +193,12 @@ def test_tfds_split_is_cached_beside_the_dataset(tmp_path):
             np.testing.assert_array_equal(decoded.images[i], source[i]["image"])
             assert decoded.labels[i] == source[i]["label"]
     assert (tmp_path / cache.DEFAULT_DIRNAME).is_dir()
+
+
+def test_an_unwritable_cache_dir_is_a_one_line_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    store = cache.SplitCache(memory_bytes=0, cache_dir=blocker / "cache")
+    with pytest.raises(ValueError, match="config.input.cache_dir") as err:
+        store.get(_source())
+    assert str(blocker) in str(err.value) and "\n" not in str(err.value)

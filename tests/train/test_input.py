@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from calib_jax import data
 from calib_jax.data import pipeline
 from calib_jax.train import loop
 from calib_jax.train import mesh as mesh_lib
@@ -118,9 +119,9 @@ def test_cifar_uint8_batches_train_exactly_like_host_float_batches(tmp_path):
     config = _cifar(tmp_path / "data", 0)
     with _mock():
         run = setup_lib.build(config, tmp_path / "w")
-        records = setup_lib.data_lib.get_dataset(
-            "cifar10", data_dir=config.dataset.data_dir
-        ).source("train")
+        records = data.get_dataset("cifar10", data_dir=config.dataset.data_dir).source(
+            "train"
+        )
         rows = mesh_lib.batch_sharding(mesh_lib.data_mesh())
         old_state, new_state = run.init_state(), run.init_state()
         for step in range(2):

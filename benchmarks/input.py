@@ -34,6 +34,7 @@ import argparse
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,7 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 import numpy as np
 
 TARGET = 50_000  # images/s into device buffers at batch 128
+DECODE_PREFIX = 4000  # records decoded by each way in each round
 N_TRAIN, N_TEST = 50_000, 1000
 
 
@@ -115,34 +117,56 @@ def _rate(fetch, steps, batch_size) -> float:
     return len(steps) * batch_size / (time.perf_counter() - start)
 
 
-def _grain_decode(source, threads: int, processes: int) -> float | None:
-    """Seconds for grain to read every record of ``source``; None without grain."""
-    try:
-        import grain
-        from absl import flags
-    except ImportError:
-        return None
+def _grain_read(records, count: int, threads: int, processes: int) -> None:
+    """Reads the first ``count`` records with grain (threads or worker processes)."""
+    import grain
+    from absl import flags
+
     flags.FLAGS.mark_as_parsed()  # grain's workers read absl flags
-    images = np.empty((len(source), 32, 32, 3), np.uint8)
-    start = time.perf_counter()
     dataset = (
-        grain.MapDataset.source(source.source)
+        grain.MapDataset.source(records.source)
+        .slice(slice(0, count))
         .map(_image_of)
         .batch(256)
         .to_iter_dataset(grain.ReadOptions(num_threads=threads))
     )
     if processes:
         dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(processes))
-    i = 0
-    for block in dataset:
-        images[i : i + len(block)] = block
-        i += len(block)
-    assert i == len(source)
-    return time.perf_counter() - start
+    assert sum(len(block) for block in dataset) == count
 
 
 def _image_of(example):
     return example["image"]
+
+
+def decode_rates(records, count: int = DECODE_PREFIX, rounds: int = 3) -> dict:
+    """Records/s of each way to decode the first ``count`` records (median of rounds).
+
+    The ways are timed in turn within each round, so a change of machine load
+    during the run affects them alike.
+    """
+    from calib_jax.data import SubsetSource, cache
+
+    prefix = SubsetSource(records, np.arange(count))
+    ways = {
+        "1 thread": lambda: cache.decode(prefix, workers=1),
+        "thread pool, 2": lambda: cache.decode(prefix, workers=2),
+        "thread pool, 8 (default)": lambda: cache.decode(prefix, workers=8),
+    }
+    try:
+        import grain  # noqa: F401 - measured when installed
+    except ImportError:
+        pass
+    else:
+        ways["grain, 8 threads"] = lambda: _grain_read(records, count, 8, 0)
+        ways["grain, 2 processes"] = lambda: _grain_read(records, count, 1, 2)
+    seconds = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, way in ways.items():
+            start = time.perf_counter()
+            way()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: count / statistics.median(t) for name, t in seconds.items()}
 
 
 def worker(data_dir: Path, devices: int, full: bool) -> dict:
@@ -178,18 +202,7 @@ def worker(data_dir: Path, devices: int, full: bool) -> dict:
         )
         assert isinstance(mapped.images, np.memmap)
         if full:
-            _, out["decode"]["one thread"] = timed(
-                lambda: cache.decode(records, workers=1)
-            )
-            for threads, processes in ((8, 0), (1, 2)):
-                seconds = _grain_decode(records, threads, processes)
-                if seconds is not None:
-                    name = (
-                        f"grain, {processes} processes"
-                        if processes
-                        else f"grain, {threads} threads"
-                    )
-                    out["decode"][name] = seconds
+            out["decode_rates"] = decode_rates(records)
 
         for batch_size in (128, 512):
             kw = {"batch_size": batch_size, "seed": 0}
@@ -319,10 +332,16 @@ def main() -> None:
                 f"({'met' if at_128 >= TARGET else 'not met'})."
             ),
             "",
-            "One-time cost of decoding the 50,000-record split (seconds): "
+            "One-time cost of decoding the 50,000-record split, seconds: "
             + "; ".join(f"{k} {v:.1f}" for k, v in decode.items())
-            + ". The `.npy` cache is decoded into once and then reopened by later "
-            "runs after checking its metadata (two record reads).",
+            + " (the `.npy` cache is decoded into once, then reopened by later runs "
+            "after checking its metadata and two records).",
+            "",
+            f"Ways to decode (records/s over the first {DECODE_PREFIX:,} records, "
+            "median of 3 rounds, the ways timed in turn in each round; grain's "
+            "worker processes include their start-up, part of a one-time decode): "
+            + "; ".join(f"{k} {v:,.0f}" for k, v in results[0]["decode_rates"].items())
+            + ".",
         ]
     )
     print(body)

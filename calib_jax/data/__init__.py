@@ -1,15 +1,23 @@
 """Datasets, host pipeline, on-device augmentation and corruptions.
 
 ``get_dataset(name, data_dir=...)`` returns a :class:`Dataset` whose
-``source(split)`` is a random-access source; :mod:`calib_jax.data.pipeline`
-turns sources into training and eval batches; :mod:`calib_jax.data.augment`
-and :mod:`calib_jax.data.corruptions` run on device.
+``source(split)`` is a random-access source; :mod:`calib_jax.data.cache`
+decodes a split once into arrays; :mod:`calib_jax.data.pipeline` turns sources
+into training and eval batches; :mod:`calib_jax.data.prefetch` makes the next
+ones on a thread; :mod:`calib_jax.data.augment` and
+:mod:`calib_jax.data.corruptions` run on device.
 """
 
-from calib_jax.data import augment, corruptions, pipeline
+from calib_jax.data import augment, cache, corruptions, pipeline, prefetch
 from calib_jax.data._datasets import DATASETS, Dataset, get_dataset
 from calib_jax.data._digits import load_digits
-from calib_jax.data._sources import ArraySource, NpySource, Source, TfdsSource
+from calib_jax.data._sources import (
+    ArraySource,
+    NpySource,
+    Source,
+    SubsetSource,
+    TfdsSource,
+)
 
 __all__ = [
     "DATASETS",
@@ -17,10 +25,13 @@ __all__ = [
     "Dataset",
     "NpySource",
     "Source",
+    "SubsetSource",
     "TfdsSource",
     "augment",
+    "cache",
     "corruptions",
     "get_dataset",
     "load_digits",
     "pipeline",
+    "prefetch",
 ]

@@ -164,7 +164,7 @@ def _open_tfds(name: str, split: str, data_dir: str | None) -> Source:
             f"{_tfds_dir(data_dir)} (tfds raised {type(err).__name__}).\n"
             + _build_hint(name.split("/")[0], data_dir)
         ) from err
-    return TfdsSource(source)
+    return TfdsSource(source, data_dir=_tfds_dir(data_dir))
 
 
 def _cifar_dataset(

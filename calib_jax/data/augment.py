@@ -1,10 +1,43 @@
-"""On-device augmentation and normalisation (jittable, batched)."""
+"""On-device conversion, augmentation and normalisation (jittable, batched)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
+
+# uint8 value v -> float32(v) / float32(255), correctly rounded (computed by NumPy).
+_UINT8_TO_FLOAT = np.arange(256, dtype=np.float32) / np.float32(255.0)
+_UINT8_TO_FLOAT.flags.writeable = False
+
+
+def to_float(images: ArrayLike) -> jax.Array:
+    """Images as float32 in ``[0, 1]``: uint8 ``v`` becomes ``v / 255``.
+
+    Batches travel to the device as uint8 (a quarter of the float32 bytes) and
+    are converted here, inside the jitted step. The result equals the host
+    conversion ``images.astype(np.float32) / np.float32(255)`` bit for bit on
+    every backend: it is a lookup in the 256 correctly rounded quotients.
+    (XLA rewrites ``x / 255`` as ``x * (1 / 255)``, which differs in the last
+    bit for 126 of the 256 values.) Float images are returned as float32
+    unchanged, so float sources (digits) keep their exact values.
+
+    Args:
+      images: uint8 or float array.
+
+    Returns:
+      float32 array of the same shape.
+
+    Raises:
+      TypeError: any other dtype.
+    """
+    images = jnp.asarray(images)
+    if images.dtype == jnp.uint8:
+        return jnp.asarray(_UINT8_TO_FLOAT)[images]
+    if not jnp.issubdtype(images.dtype, jnp.floating):
+        raise TypeError(f"Images must be uint8 or float, got {images.dtype}.")
+    return images.astype(jnp.float32)
 
 
 def random_crop_flip(

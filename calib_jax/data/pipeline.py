@@ -1,7 +1,7 @@
 """Host-side batching: deterministic training batches and padded eval batches.
 
-Pure numpy on the host; normalisation and augmentation happen on device
-(:mod:`calib_jax.data.augment`).
+Pure numpy on the host; conversion to float, normalisation and augmentation
+happen on device (:mod:`calib_jax.data.augment`).
 
 Training batches are a pure function of ``(seed, step)``: example position
 ``p = step * batch_size + j`` of the endless stream falls in epoch
@@ -12,6 +12,14 @@ is no iterator state to checkpoint. Under multi-host training each process reads
 only its contiguous ``batch_size // process_count`` slice of the global batch,
 in process order, which is the layout ``jax.make_array_from_process_local_data``
 assembles.
+
+A batch is one vectorised gather ``images[indices]`` when the source holds
+arrays (an :class:`~calib_jax.data.ArraySource`, a memory-mapped
+:class:`~calib_jax.data.NpySource`, or a split decoded once by
+:mod:`calib_jax.data.cache`), and a per-record read otherwise. The trainer
+passes ``to_float=False``: uint8 images stay uint8 on the way to the device
+(a quarter of the bytes) and :func:`calib_jax.data.augment.to_float` converts
+them there to the same floats the host conversion gives.
 
 Plain numpy indexing of the source is used rather than grain's
 ``MapDataset.shuffle(...).batch(...)``: the order is then defined by the
@@ -31,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from calib_jax.data._sources import Source
+from calib_jax.data._sources import Source, SubsetSource
 
 
 @functools.lru_cache(maxsize=8)
@@ -49,13 +57,51 @@ def _as_float(images: np.ndarray) -> np.ndarray:
     return images.astype(np.float32, copy=False)
 
 
-def _read(source: Source, indices: Sequence[int]) -> dict[str, np.ndarray]:
-    """Reads ``indices`` one by one and stacks them (uint8 images scaled to [0, 1])."""
+def _arrays(source: Source) -> tuple[np.ndarray, np.ndarray] | None:
+    images = getattr(source, "images", None)
+    labels = getattr(source, "labels", None)
+    if isinstance(images, np.ndarray) and isinstance(labels, np.ndarray):
+        return images, labels
+    return None
+
+
+def gather(source: Source, indices: Sequence[int]) -> dict[str, np.ndarray]:
+    """Examples ``indices`` of ``source`` stacked, in the source's image dtype.
+
+    One fancy-indexing gather when the source holds arrays (through any
+    :class:`~calib_jax.data.SubsetSource` views), else one read per record.
+
+    Args:
+      source: random-access source.
+      indices: int ``[b]``, each in ``[0, len(source))``.
+
+    Returns:
+      ``{'image': [b, H, W, C] (uint8 or float, as stored), 'label': int32 [b]}``.
+    """
+    indices = np.asarray(indices, np.int64)
+    while isinstance(source, SubsetSource):
+        indices, source = source.indices[indices], source.source
+    arrays = _arrays(source)
+    if arrays is not None:
+        images, labels = arrays
+        return {
+            "image": np.asarray(images[indices]),
+            "label": np.asarray(labels[indices]).astype(np.int32),
+        }
     examples = [source[int(i)] for i in indices]
     return {
-        "image": _as_float(np.stack([np.asarray(e["image"]) for e in examples])),
+        "image": np.stack([np.asarray(e["image"]) for e in examples]),
         "label": np.asarray([e["label"] for e in examples], np.int32),
     }
+
+
+def _read(
+    source: Source, indices: Sequence[int], to_float: bool
+) -> dict[str, np.ndarray]:
+    batch = gather(source, indices)
+    if to_float:
+        batch["image"] = _as_float(batch["image"])
+    return batch
 
 
 def _check_processes(batch_size: int, process_index: int, process_count: int) -> int:
@@ -119,6 +165,7 @@ def train_batch(
     seed: int,
     process_index: int = 0,
     process_count: int = 1,
+    to_float: bool = True,
 ) -> dict[str, np.ndarray]:
     """This process's slice of the training batch for global step ``step``.
 
@@ -132,10 +179,14 @@ def train_batch(
       seed: non-negative int.
       process_index: this process (``jax.process_index()``).
       process_count: number of processes (``jax.process_count()``).
+      to_float: scale uint8 images to float32 in ``[0, 1]`` on the host. False
+        keeps the source's dtype, for :func:`calib_jax.data.augment.to_float`
+        on device (same floats).
 
     Returns:
-      ``{'image': float32 [b, H, W, C] in [0, 1], 'label': int32 [b]}`` with
-      ``b = batch_size // process_count``.
+      ``{'image': [b, H, W, C], 'label': int32 [b]}`` with
+      ``b = batch_size // process_count``; images float32 in ``[0, 1]``, or as
+      stored when ``to_float=False``.
     """
     indices = train_indices(
         len(source),
@@ -145,7 +196,7 @@ def train_batch(
         process_index=process_index,
         process_count=process_count,
     )
-    return _read(source, indices)
+    return _read(source, indices, to_float)
 
 
 def eval_batches(
@@ -154,6 +205,7 @@ def eval_batches(
     batch_size: int,
     process_index: int = 0,
     process_count: int = 1,
+    to_float: bool = True,
 ) -> Iterator[dict[str, Any]]:
     """Padded, masked batches covering every example of ``source`` exactly once.
 
@@ -167,23 +219,29 @@ def eval_batches(
       batch_size: global batch size, divisible by ``process_count``.
       process_index: this process.
       process_count: number of processes.
+      to_float: as in :func:`train_batch`.
 
     Yields:
-      ``{'image': float32 [b, H, W, C], 'label': int32 [b], 'mask': bool [b]}``
-      with ``b = batch_size // process_count``.
+      ``{'image': [b, H, W, C], 'label': int32 [b], 'mask': bool [b]}`` with
+      ``b = batch_size // process_count``; images float32, or as stored when
+      ``to_float=False``.
     """
     local = _check_processes(batch_size, process_index, process_count)
     n = len(source)
     if n == 0:
         return
-    template = _read(source, [0])
+    template = _read(source, [0], to_float)["image"]
     for b in range(math.ceil(n / batch_size)):
         start = b * batch_size + process_index * local
         positions = np.arange(start, start + local)
         mask = positions < n
-        image = np.zeros((local, *template["image"].shape[1:]), np.float32)
+        if mask.all():
+            batch = _read(source, positions, to_float)
+            yield {"image": batch["image"], "label": batch["label"], "mask": mask}
+            continue
+        image = np.zeros((local, *template.shape[1:]), template.dtype)
         label = np.zeros(local, np.int32)
         if mask.any():
-            batch = _read(source, positions[mask])
+            batch = _read(source, positions[mask], to_float)
             image[mask], label[mask] = batch["image"], batch["label"]
         yield {"image": image, "label": label, "mask": mask}

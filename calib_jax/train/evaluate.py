@@ -18,7 +18,7 @@ def collect_logits(
     eval_step: Callable,
     state,
     batches: Iterable[dict[str, np.ndarray]],
-    put: Callable[[dict], dict],
+    put: Callable[[dict], dict] | None,
     transform: Callable[[jax.Array, int], jax.Array] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Runs ``eval_step`` over every batch and returns the unpadded logits and labels.
@@ -26,8 +26,10 @@ def collect_logits(
     Args:
       eval_step: jitted ``(state, images) -> logits`` over the data mesh.
       state: the train state.
-      batches: this process's padded batches with ``image``, ``label``, ``mask``.
-      put: assembles a process-local batch into global arrays.
+      batches: padded batches with ``image``, ``label``, ``mask``: this
+        process's slices (assembled by ``put``) or global arrays.
+      put: assembles a process-local batch into global arrays; None when
+        ``batches`` are global arrays already.
       transform: optional ``(images, batch_index) -> images`` on device (a
         corruption for shifted evaluation).
 
@@ -37,7 +39,7 @@ def collect_logits(
     """
     all_logits, all_labels = [], []
     for i, local in enumerate(batches):
-        batch = put(local)
+        batch = put(local) if put is not None else local
         images = batch["image"] if transform is None else transform(batch["image"], i)
         logits = eval_step(state, images)
         gathered = multihost_utils.process_allgather(

@@ -16,6 +16,7 @@ from ml_collections import ConfigDict
 from tqdm import tqdm
 
 from calib_jax import storage
+from calib_jax.data import prefetch
 from calib_jax.train import setup as setup_lib
 from calib_jax.train.checkpoint import Checkpointer
 
@@ -171,10 +172,16 @@ def train_and_evaluate(
 
     window = start + 1  # first step of the current logging window
     debug_nans = jax.debug_nans(bool(config.get("debug_nans", False)))
-    with _Preemption() as preempt, debug_nans:
+    # The next batches are gathered and placed on the mesh on a thread while
+    # the devices work; each is the same function of (seed, step) as without.
+    feed = prefetch.Prefetcher(
+        map(run.batch, range(start, run.num_steps)), config.input.prefetch
+    )
+    with _Preemption() as preempt, debug_nans, feed:
         for step in range(start, run.num_steps):
+            batch = next(feed)
             try:
-                state, metrics = run.step(state, step)
+                state, metrics = run.train(state, batch)
             except FloatingPointError:  # debug_nans named the operation
                 bar.close()
                 ckpt.close()
@@ -184,7 +191,10 @@ def train_and_evaluate(
             done = step + 1
             bar.update(1)
             if done % config.log_every == 0 or done == run.num_steps:
+                # Share of this interval's wall time spent blocked on input.
+                wait = feed.wait_fraction()
                 logged = _summarise(acc)
+                logged["train/input_wait_fraction"] = wait
                 acc = {}
                 logged["learning_rate"] = float(run.schedule(step))
                 writer.write(done, logged)

@@ -23,7 +23,10 @@ from ml_collections import ConfigDict
 from calib_jax import data as data_lib
 from calib_jax import losses, models, storage
 from calib_jax.data import augment as augment_lib
+from calib_jax.data import cache as cache_lib
 from calib_jax.data import corruptions, pipeline
+from calib_jax.data import prefetch as prefetch_lib
+from calib_jax.data._sources import SubsetSource
 from calib_jax.train import evaluate as eval_lib
 from calib_jax.train import mesh as mesh_lib
 from calib_jax.train import optim, step as step_lib, two_stage
@@ -38,20 +41,8 @@ _RESUMABLE_KEYS = (
     "checkpoint_every",
     "eval_batch_size",
     "debug_nans",
+    "input",
 )
-
-
-class SubsetSource:
-    """A random-access view of ``source`` restricted to ``indices``."""
-
-    def __init__(self, source, indices: np.ndarray):
-        self.source, self.indices = source, np.asarray(indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int):
-        return self.source[int(self.indices[i])]
 
 
 def _resolved(config: ConfigDict) -> dict:
@@ -105,6 +96,10 @@ class Run:
     init_state: Callable[[], TrainState]
     step: Callable[[TrainState, int], tuple[TrainState, dict]]
     evaluate: Callable[..., dict[str, float]]
+    # batch(step): the step's global batch, placed on the mesh (thread-safe);
+    # train(state, batch(step)) == step(state, step).
+    batch: Callable[[int], Any]
+    train: Callable[[TrainState, Any], tuple[TrainState, dict]]
 
 
 def _num_steps(config: ConfigDict, steps_per_epoch: int) -> int:
@@ -131,6 +126,19 @@ def check_numbers(config: ConfigDict) -> None:
         ("optimizer.momentum", o.momentum, 0 <= o.momentum < 1, "in [0, 1)"),
         ("schedule.warmup_steps", s.warmup_steps, s.warmup_steps >= 0, ">= 0"),
         ("schedule.decay_factor", s.decay_factor, s.decay_factor > 0, "> 0"),
+        ("input.prefetch", config.input.prefetch, config.input.prefetch >= 0, ">= 0"),
+        (
+            "input.memory_gb",
+            config.input.memory_gb,
+            config.input.memory_gb >= 0,
+            ">= 0",
+        ),
+        (
+            "input.decode_workers",
+            config.input.decode_workers,
+            config.input.decode_workers >= 0,
+            ">= 0",
+        ),
     ]
     for name, value, ok, domain in checks:
         if not ok:  # NaN fails every comparison
@@ -177,7 +185,14 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
     check_workdir(config, workdir)
 
     # ---- data sources and the step -> batch map --------------------------------
-    train_source = dataset.source(config.dataset.train_split)
+    # Each split is decoded once (calib_jax.data.cache); batches are gathered
+    # from the arrays and travel as stored (uint8 for CIFAR).
+    splits = cache_lib.SplitCache(
+        memory_bytes=config.input.memory_gb * 2**30,
+        cache_dir=config.input.cache_dir or None,
+        workers=config.input.decode_workers,
+    )
+    train_source = splits.get(dataset.source(config.dataset.train_split))
     b = config.batch_size
     pidx, pcount = jax.process_index(), jax.process_count()
     if config.interleaved.enabled:
@@ -200,7 +215,11 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
     def host_batch(step: int) -> tuple[bool, dict]:
         """(is_secondary, process-local batch) for a global step."""
         kw = dict(
-            batch_size=b, seed=config.seed, process_index=pidx, process_count=pcount
+            batch_size=b,
+            seed=config.seed,
+            process_index=pidx,
+            process_count=pcount,
+            to_float=False,
         )
         if not config.interleaved.enabled:
             return False, pipeline.train_batch(train_source, step=step, **kw)
@@ -237,7 +256,9 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
 
     augment = None
     if config.augment == "crop_flip":
-        augment = lambda x, r: augment_lib.random_crop_flip(x, r)  # noqa: E731
+        augment = lambda x, r: augment_lib.random_crop_flip(  # noqa: E731
+            augment_lib.to_float(x), r
+        )
     elif config.augment:
         raise ValueError(
             f"Unknown config.augment '{config.augment}'; use '' or 'crop_flip'."
@@ -267,11 +288,18 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
     secondary_step = jit_step(secondary) if secondary is not None else None
     put = lambda batch: mesh_lib.put_batch(batch, rows)  # noqa: E731
 
-    def run_step(state, step):
+    def batch(step):
         is_secondary, local = host_batch(step)
         local = dict(local, mask=np.ones(len(local["label"]), bool))
+        return is_secondary, put(local)
+
+    def train(state, placed):
+        is_secondary, global_batch = placed
         fn = secondary_step if is_secondary else primary_step
-        return fn(state, put(local))
+        return fn(state, global_batch)
+
+    def run_step(state, step):
+        return train(state, batch(step))
 
     eval_step = jax.jit(
         step_lib.make_eval_step(pre(forward)),
@@ -281,7 +309,7 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
 
     def evaluate(state, *, export: bool) -> dict[str, float]:
         return _evaluate(
-            config, workdir, dataset, shifts, eval_step, state, put, export
+            config, workdir, dataset, shifts, eval_step, state, put, export, splits
         )
 
     return Run(
@@ -293,10 +321,13 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
         init_state=init_state,
         step=run_step,
         evaluate=evaluate,
+        batch=batch,
+        train=train,
     )
 
 
 def _preprocess(dataset, images):
+    images = augment_lib.to_float(images)  # uint8 batches are converted on device
     return augment_lib.normalize(images, dataset.mean, dataset.std)
 
 
@@ -351,27 +382,32 @@ def _corruption(name: str, severity: int):
 
     def corrupt(images, i):
         key = jax.random.fold_in(jax.random.fold_in(base, severity), i)
-        return corruptions.corrupt(images, name, severity, key)
+        return corruptions.corrupt(augment_lib.to_float(images), name, severity, key)
 
     return jax.jit(corrupt)
 
 
-def _evaluate(config, workdir, dataset, shifts, eval_step, state, put, export):
+def _evaluate(config, workdir, dataset, shifts, eval_step, state, put, export, decoded):
     """Metrics on val, test and every shift of test; logits exported when asked."""
     kw = dict(
         batch_size=config.eval_batch_size,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
+        to_float=False,
     )
+
+    def batches(source):
+        # Gathered from the decoded split and placed on the mesh ahead of use.
+        local = pipeline.eval_batches(decoded.get(source), **kw)
+        return prefetch_lib.Prefetcher(map(put, local), config.input.prefetch)
+
     results, exported = {}, {}
     splits = [("val", config.dataset.val_split), ("test", config.dataset.test_split)]
     for key, split in splits:
         if not split:
             continue
-        source = dataset.source(split)
-        logits, labels = eval_lib.collect_logits(
-            eval_step, state, pipeline.eval_batches(source, **kw), put
-        )
+        with batches(dataset.source(split)) as placed:
+            logits, labels = eval_lib.collect_logits(eval_step, state, placed, None)
         exported[key] = (logits, labels)
         for name, value in eval_lib.split_metrics(logits, labels).items():
             results[f"{key}/{name}"] = value
@@ -380,15 +416,13 @@ def _evaluate(config, workdir, dataset, shifts, eval_step, state, put, export):
         per_metric: dict[str, list[float]] = {}
         for shifted, name, severity in shifts:
             if shifted is not None:  # a published shifted split
-                batches, fn = pipeline.eval_batches(shifted, **kw), None
+                source, fn = shifted, None
             else:
-                batches, fn = (
-                    pipeline.eval_batches(test, **kw),
-                    _corruption(name, severity),
+                source, fn = test, _corruption(name, severity)
+            with batches(source) as placed:
+                logits, labels = eval_lib.collect_logits(
+                    eval_step, state, placed, None, transform=fn
                 )
-            logits, labels = eval_lib.collect_logits(
-                eval_step, state, batches, put, transform=fn
-            )
             exported[f"shift/{name}/{severity}"] = (logits, labels)
             for metric, value in eval_lib.split_metrics(logits, labels).items():
                 results[f"shift/{name}/{severity}/{metric}"] = value

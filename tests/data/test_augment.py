@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from calib_jax.data import augment
 
@@ -39,3 +40,20 @@ def test_normalize_per_channel():
     assert out.dtype == jnp.float32
     gray = augment.normalize(jnp.ones((2, 8, 8, 1)), (0.3048,), (0.3758,))
     np.testing.assert_allclose(gray, (1 - 0.3048) / 0.3758, rtol=1e-6)
+
+
+def test_to_float_equals_the_host_division_bit_for_bit():
+    values = np.arange(256, dtype=np.uint8)
+    host = values.astype(np.float32) / np.float32(255.0)
+    for fn in (augment.to_float, jax.jit(augment.to_float)):
+        out = np.asarray(fn(values))
+        assert out.dtype == np.float32
+        np.testing.assert_array_equal(out.view(np.uint32), host.view(np.uint32))
+    images = np.random.default_rng(0).integers(0, 256, (3, 4, 4, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(
+        jax.jit(augment.to_float)(images), images.astype(np.float32) / np.float32(255)
+    )
+    floats = np.random.default_rng(1).random((2, 3, 3, 1)).astype(np.float32)
+    np.testing.assert_array_equal(augment.to_float(floats), floats)  # unchanged
+    with pytest.raises(TypeError, match="uint8 or float"):
+        augment.to_float(np.zeros((2, 2), np.int32))

@@ -1,9 +1,11 @@
 """Host pipeline: (seed, step)-determined training batches, padded eval batches."""
 
+import jax
 import numpy as np
 import pytest
 
-from calib_jax.data import ArraySource, pipeline
+from calib_jax.data import ArraySource, augment, pipeline
+from calib_jax.data._sources import SubsetSource
 
 
 def _source(n=23, dtype=np.uint8):
@@ -117,3 +119,85 @@ def test_eval_batches_cover_every_example_once(n, batch_size, count):
 
 def test_eval_batches_of_an_empty_source():
     assert list(pipeline.eval_batches(_source(0), batch_size=4)) == []
+
+
+class _Records:
+    """Per-record view of an ArraySource (no arrays exposed): the old read path."""
+
+    def __init__(self, source):
+        self._source = source
+
+    def __len__(self):
+        return len(self._source)
+
+    def __getitem__(self, i):
+        return self._source[i]
+
+
+def _random_source(n=37, shape=(5, 4, 3), dtype=np.uint8, seed=0):
+    rng = np.random.default_rng(seed)
+    if dtype == np.uint8:
+        images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+    else:
+        images = rng.random((n, *shape)).astype(dtype)
+    return ArraySource(images, rng.integers(0, 10, n))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_gathered_uint8_batches_converted_on_device_equal_the_per_record_path(
+    dtype, count
+):
+    arrays = _random_source(dtype=dtype)
+    records = _Records(arrays)
+    assert pipeline.gather(arrays, [3])["image"].dtype == dtype
+    convert = jax.jit(augment.to_float)
+    for seed in (0, 5):
+        for step in (0, 1, 4, 9):  # 9 * 8 > 37: later epochs and straddling batches
+            for i in range(count):
+                kw = {
+                    "step": step,
+                    "batch_size": 8,
+                    "seed": seed,
+                    "process_index": i,
+                    "process_count": count,
+                }
+                old = pipeline.train_batch(records, **kw)  # per record, host float
+                new = pipeline.train_batch(arrays, to_float=False, **kw)
+                assert new["image"].dtype == dtype
+                np.testing.assert_array_equal(new["label"], old["label"])
+                assert old["image"].dtype == np.float32
+                device = np.asarray(convert(new["image"]))
+                assert device.dtype == np.float32
+                np.testing.assert_array_equal(
+                    device.view(np.uint32), old["image"].view(np.uint32)
+                )
+
+
+def test_gather_through_subset_views_equals_per_record_reads():
+    arrays = _random_source()
+    inner = SubsetSource(arrays, np.arange(3, 30))
+    outer = SubsetSource(inner, np.array([26, 0, 5, 5, 11]))
+    got = pipeline.gather(outer, [4, 0, 2])
+    expected_rows = np.array([3 + 11, 3 + 26, 3 + 5])
+    np.testing.assert_array_equal(got["image"], arrays.images[expected_rows])
+    np.testing.assert_array_equal(got["label"], arrays.labels[expected_rows])
+    slow = pipeline.gather(_Records(outer), [4, 0, 2])
+    np.testing.assert_array_equal(slow["image"], got["image"])
+
+
+@pytest.mark.parametrize("n, count", [(37, 1), (37, 2), (8, 4)])
+def test_uint8_eval_batches_equal_the_float_path_after_device_conversion(n, count):
+    arrays = _random_source(n=n)
+    for i in range(count):
+        kw = {"batch_size": 16, "process_index": i, "process_count": count}
+        old = list(pipeline.eval_batches(_Records(arrays), **kw))
+        new = list(pipeline.eval_batches(arrays, to_float=False, **kw))
+        assert len(old) == len(new) == -(-n // 16)
+        for a, b in zip(old, new, strict=True):
+            assert b["image"].dtype == np.uint8
+            np.testing.assert_array_equal(a["mask"], b["mask"])
+            np.testing.assert_array_equal(a["label"], b["label"])
+            np.testing.assert_array_equal(
+                np.asarray(augment.to_float(b["image"])), a["image"]
+            )

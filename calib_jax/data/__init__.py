@@ -7,19 +7,29 @@ and :mod:`calib_jax.data.corruptions` run on device.
 """
 
 from calib_jax.data import augment, corruptions, pipeline
-from calib_jax.data._datasets import DATASETS, Dataset, get_dataset
+from calib_jax.data._datasets import (
+    DATASETS,
+    INFO,
+    Dataset,
+    DatasetInfo,
+    dataset_info,
+    get_dataset,
+)
 from calib_jax.data._digits import load_digits
 from calib_jax.data._sources import ArraySource, NpySource, Source, TfdsSource
 
 __all__ = [
     "DATASETS",
+    "INFO",
     "ArraySource",
     "Dataset",
+    "DatasetInfo",
     "NpySource",
     "Source",
     "TfdsSource",
     "augment",
     "corruptions",
+    "dataset_info",
     "get_dataset",
     "load_digits",
     "pipeline",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import os
 import re
 from collections import Counter
 
@@ -95,6 +96,10 @@ def topology_mesh(topology: str) -> Mesh:
       LibtpuMissing: libtpu is not installed.
     """
     require_libtpu()
+    # libtpu takes a machine-wide lock file on load, meant for a host's real
+    # TPU chips; compiling for a described slice touches no chip, so several
+    # processes (benchmarks, pytest-xdist workers) may hold libtpu at once.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies  # needs libtpu
 
     desc = topologies.get_topology_desc(platform="tpu", topology_name=topology)

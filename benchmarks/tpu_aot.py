@@ -2,17 +2,18 @@
 
 Usage (from the repository root, on any machine; no TPU needed)::
 
-  pip install 'calib-jax[tpu-aot]'    # libtpu==0.0.42.*, the release matched to jax 0.10.2
-  python benchmarks/tpu_aot.py        # every shipped CIFAR config -> RESULTS.md
+  pip install 'calib-jax[tpu-aot]'   # libtpu==0.0.42.*, the release built with jax 0.10.2
+  python benchmarks/tpu_aot.py       # every shipped CIFAR config -> RESULTS.md
   python benchmarks/tpu_aot.py --topologies v5e:2x2 --configs cifar10_wrn28_10 \\
       --objectives ce,sb_ece --no-write
-  python benchmarks/tpu_aot.py --grid # also every method of the benchmark_cifar*
-                                      # grids (on --grid-topologies, default v5e:16x16)
+  python benchmarks/tpu_aot.py --grid --configs benchmark_cifar10 \\
+      --objectives sb_ece,mmce       # methods of the benchmark grids
 
-For every shipped CIFAR training config (``configs/cifar*.py``; by default with
-cross-entropy and with the objective its docstring command names) and every
-topology (default v5e 2x2, 4x4, 16x16 and v5p 2x2x1), it builds the step with
-the trainer's own builder (:func:`calib_jax.train.sharded_step.build_sharded_step`:
+For every shipped CIFAR training config (``configs/cifar*.py``) with the
+calibration objective its documented command names, on every topology
+(default v5e 2x2, 4x4, 16x16 and v5p 2x2x1), and as shipped (cross-entropy)
+on ``--ce-topologies`` (default v5e:16x16), it builds the step with the
+trainer's own builder (:func:`calib_jax.train.sharded_step.build_sharded_step`:
 model, loss terms, optimizer, shardings, donation) on a ``"data"`` mesh of the
 topology's devices, lowers it for the config's global batch and compiles it
 with libtpu. It records per-device memory against the chip's HBM, FLOPs and
@@ -20,9 +21,15 @@ bytes accessed from the cost analysis, a roofline step time and images/s, and
 the collectives of the compiled HLO. A global batch the slice cannot split
 evenly is raised to the next multiple of its device count (marked in the
 table). Writes the ``## TPU ahead-of-time compile`` section of
-benchmarks/RESULTS.md (``--no-write``: print only). Exits 1 if a step does not
-compile, and 2 with one line naming the install command if libtpu is missing.
-Each compile takes about a minute on 2 CPU cores.
+benchmarks/RESULTS.md after every compile (``--no-write``: print only).
+
+``--grid`` compiles the methods of the ``configs/benchmark_cifar*.py`` grids
+instead (WRN-28-10, batch 512; default topology v5e:16x16; ``--objectives``
+picks methods) into the ``## TPU ahead-of-time compile: benchmark grid``
+section.
+
+Exits 1 if a step does not compile, and 2 with one line naming the install
+command if libtpu is missing. A compile takes 0.5-2 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ import numpy as np
 
 TOPOLOGIES = ("v5e:2x2", "v5e:4x4", "v5e:16x16", "v5p:2x2x1")
 GRID_TOPOLOGIES = ("v5e:16x16",)
+CE_TOPOLOGIES = ("v5e:16x16",)
+GRID_SECTION = "TPU ahead-of-time compile: benchmark grid"
 # Training images per epoch of the CIFAR configs (50000 minus the 5000 of val);
 # only the schedule's step boundaries depend on it, not the compiled step's cost.
 CIFAR_TRAIN_IMAGES = 45_000
@@ -64,35 +73,51 @@ def benchmark_configs() -> list[str]:
 
 
 def own_objectives(name: str) -> tuple[str, ...]:
-    """``ce`` and the objective named in config ``name``'s documented command."""
+    """The objective(s) named in config ``name``'s documented command (else ``ce``)."""
     doc = importlib.import_module(f"configs.{name}").__doc__ or ""
-    named = re.findall(r":objective=(\w+)", doc)
-    return tuple(dict.fromkeys(["ce", *named]))
+    return tuple(dict.fromkeys(re.findall(r":objective=(\w+)", doc))) or ("ce",)
 
 
-def training_entries(configs, objectives) -> list[tuple[str, str, object]]:
-    """``(config, method, ConfigDict)`` of the training configs."""
-    out = []
-    for name in configs:
+def training_work(configs, objectives, topologies, ce_topologies) -> list:
+    """``((config, objective, ConfigDict), topology)`` pairs to compile.
+
+    Each config with ``objectives`` (default: its own, :func:`own_objectives`)
+    on every topology, and as shipped (``ce``) on ``ce_topologies``; the
+    ``ce_topologies`` pairs come first.
+    """
+
+    def entry(name, objective):
         module = importlib.import_module(f"configs.{name}")
+        return name, objective, module.get_config(f"objective={objective}")
+
+    first, rest = [], []
+    for name in configs:
         for objective in objectives or own_objectives(name):
-            out.append((name, objective, module.get_config(f"objective={objective}")))
-    return out
+            for t in topologies:
+                pair = (entry(name, objective), t)
+                (first if t in ce_topologies else rest).append(pair)
+        if not objectives and "ce" not in own_objectives(name):
+            first += [(entry(name, "ce"), t) for t in ce_topologies]
+    return first + rest
 
 
-def grid_entries() -> list[tuple[str, str, object]]:
-    """``(config, method, ConfigDict)`` of every method of the benchmark grids.
+def grid_entries(configs, methods) -> list[tuple[str, str, object]]:
+    """``(config, method, ConfigDict)`` of the benchmark grids' methods.
+
+    Args:
+      configs: benchmark config names (``configs/benchmark_cifar*.py``).
+      methods: the methods to take (default: every method of each grid).
 
     MaC-Cal stage II (``two_stage``) is left out: its step needs the stage-I
     run's features and is a two-layer head on them, far smaller than the
-    stage-I (``ce``) step compiled here.
+    stage-I (``ce``) step.
     """
     from calib_jax.benchmark import grid
 
     out = []
-    for name in benchmark_configs():
+    for name in configs:
         config = importlib.import_module(f"configs.{name}").get_config("seeds=1")
-        for method in config.methods:
+        for method in methods or config.methods:
             if method == "two_stage":
                 continue
             cell = grid.train_config(config, method, 0, Path("/nonexistent"))
@@ -155,7 +180,7 @@ HEADER = (
 )
 
 
-def _body(rows, failures, topologies, machine) -> str:
+def _body(rows, failures, topologies, machine, done, total) -> str:
     chips = ", ".join(
         f"{c.name} {c.hbm_bytes // _tpu.GIB} GiB HBM, {c.peak_flops / 1e12:.0f} "
         f"TFLOP/s bf16, {c.hbm_bandwidth / 1e9:.0f} GB/s"
@@ -197,13 +222,19 @@ def _body(rows, failures, topologies, machine) -> str:
     ]
     if failures:
         lines += ["", "Did not compile:", *(f"- {f}" for f in failures)]
+    if done < total:
+        lines += ["", f"*Partial: {done} of {total} compilations so far.*"]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     """Entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--topologies", default=",".join(TOPOLOGIES))
+    parser.add_argument(
+        "--topologies",
+        default="",
+        help=f"default {','.join(TOPOLOGIES)} ({','.join(GRID_TOPOLOGIES)} with --grid)",
+    )
     parser.add_argument(
         "--configs",
         default="",
@@ -212,10 +243,14 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--objectives",
         default="",
-        help="comma-separated objectives (default: ce and each config's own)",
+        help="comma-separated objectives (default: each config's own)",
+    )
+    parser.add_argument(
+        "--ce-topologies",
+        default=",".join(CE_TOPOLOGIES),
+        help="where each config is also compiled with cross-entropy (default objectives)",
     )
     parser.add_argument("--grid", action="store_true")
-    parser.add_argument("--grid-topologies", default=",".join(GRID_TOPOLOGIES))
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -225,17 +260,25 @@ def main(argv=None) -> int:
         return 2
     from _timing import machine_line, write_section
 
-    topologies = [t for t in args.topologies.split(",") if t]
+    default = GRID_TOPOLOGIES if args.grid else TOPOLOGIES
+    topologies = [t for t in args.topologies.split(",") if t] or list(default)
     for t in topologies:
         _tpu.chip_of(t)  # an unknown generation fails before any compile
-    configs = [c for c in args.configs.split(",") if c] or shipped_configs()
+    configs = [c for c in args.configs.split(",") if c]
     objectives = [o for o in args.objectives.split(",") if o]
-    work = [(e, t) for e in training_entries(configs, objectives) for t in topologies]
     if args.grid:
-        grid_topologies = [t for t in args.grid_topologies.split(",") if t]
-        work += [(e, t) for e in grid_entries() for t in grid_topologies]
-        topologies = list(dict.fromkeys([*topologies, *grid_topologies]))
+        entries = grid_entries(configs or benchmark_configs(), objectives)
+        work = [(e, t) for e in entries for t in topologies]
+        section = GRID_SECTION
+    else:
+        ce_topologies = [t for t in args.ce_topologies.split(",") if t]
+        work = training_work(
+            configs or shipped_configs(), objectives, topologies, ce_topologies
+        )
+        topologies = list(dict.fromkeys([*topologies, *ce_topologies]))
+        section = SECTION
     rows, failures = [], []
+    machine = machine_line()
     for i, ((name, method, config), topology) in enumerate(work, 1):
         print(f"[{i}/{len(work)}] {name} {method} on {topology} ...", flush=True)
         try:
@@ -244,7 +287,7 @@ def main(argv=None) -> int:
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             failures.append(f"{name} {method} {topology}: {type(e).__name__}: {first}")
             print(f"    FAILED: {failures[-1]}", flush=True)
-            continue
+            analyses = []
         devices = _tpu.topology_mesh(topology).devices.size
         for j, a in enumerate(analyses):
             label = method if j == 0 else f"{method} (secondary step)"
@@ -259,10 +302,11 @@ def main(argv=None) -> int:
                 f"{_tpu.summarize(a.collectives)}",
                 flush=True,
             )
-    body = _body(rows, failures, topologies, machine_line())
-    print("\n" + body)
-    if not args.no_write:
-        write_section(SECTION, body)
+        if not args.no_write:  # after every compile: a long run keeps its rows
+            write_section(
+                section, _body(rows, failures, topologies, machine, i, len(work))
+            )
+    print("\n" + _body(rows, failures, topologies, machine, len(work), len(work)))
     return 1 if failures else 0
 
 

@@ -117,9 +117,22 @@ def test_missing_libtpu_is_one_line_with_the_install_command(monkeypatch, capsys
 
 
 def test_own_objectives_come_from_each_configs_command():
-    assert tpu_aot.own_objectives("cifar10_wrn28_10") == ("ce", "s_avuc")
-    assert tpu_aot.own_objectives("cifar100_wrn28_10") == ("ce", "sb_ece")
+    assert tpu_aot.own_objectives("cifar10_wrn28_10") == ("s_avuc",)
+    assert tpu_aot.own_objectives("cifar100_wrn28_10") == ("sb_ece",)
     assert "cifar10_resnet110" in tpu_aot.shipped_configs()
+    work = tpu_aot.training_work(
+        ["cifar10_resnet110"], [], ["v5e:2x2", "v5e:16x16"], ["v5e:16x16"]
+    )
+    assert [(e[0], e[1], t) for e, t in work] == [
+        ("cifar10_resnet110", "au_pxtau", "v5e:16x16"),
+        ("cifar10_resnet110", "ce", "v5e:16x16"),
+        ("cifar10_resnet110", "au_pxtau", "v5e:2x2"),
+    ]
+    assert [list(e[2].loss) for e, _ in work] == [
+        [{"name": "au_pxtau"}],
+        [{"name": "cross_entropy"}],
+        [{"name": "au_pxtau"}],
+    ]
     assert tpu_aot.benchmark_configs() == ["benchmark_cifar10", "benchmark_cifar100"]
 
 
@@ -168,3 +181,17 @@ def test_resnet20_sb_ece_step_compiles_and_fits_on_v5e_2x2():
     }
     assert params <= reduced
     assert max(c.largest for c in a.collectives) == 3 * 3 * 64 * 64
+
+
+def test_grid_entries_are_the_benchmark_cells_but_stage_two():
+    from calib_jax.benchmark import grid
+
+    entries = tpu_aot.grid_entries(["benchmark_cifar100"], [])
+    assert [m for _, m, _ in entries] == [m for m in grid.METHODS if m != "two_stage"]
+    assert {(c.dataset.name, c.model.name, c.batch_size) for *_, c in entries} == {
+        ("cifar100", "wrn28_10", 512)
+    }
+    (interleaved,) = tpu_aot.grid_entries(
+        ["benchmark_cifar100"], ["interleaved_sb_ece"]
+    )
+    assert interleaved[2].interleaved.enabled

@@ -5,20 +5,19 @@ CPU mesh (the same SPMD partitioner as on TPU): batch-level calibration losses
 must reduce O(bins) or O(K) values across devices, never gather the batch.
 """
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import pytest
+import tensorflow_datasets as tfds
 
 from calib_jax import data, losses
-from calib_jax.data import pipeline
 from calib_jax.train import mesh as mesh_lib
 from calib_jax.train import setup, sharded_step
-from configs import common, digits_ce
+from configs import cifar10_resnet110, common
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import _tpu
@@ -60,50 +59,51 @@ def _per_example(found):
     ]
 
 
-def test_the_step_builds_from_metadata_and_matches_the_trainers_batch():
-    mesh = mesh_lib.data_mesh()
-    config = digits_ce.get_config()
-    steps = sharded_step.build_sharded_step(
-        config, data.dataset_info("digits"), mesh, 10
-    )
-    # The abstract batch is what the trainer's host pipeline puts on the mesh.
-    source = data.get_dataset("digits").source("train")
-    local = pipeline.train_batch(source, step=0, batch_size=config.batch_size, seed=0)
-    local = dict(local, mask=np.ones(len(local["label"]), bool))
-    real = mesh_lib.put_batch(local, mesh_lib.batch_sharding(mesh))
-    for key, spec in steps.abstract_batch.items():
-        assert (real[key].shape, real[key].dtype) == (spec.shape, spec.dtype), key
-        assert real[key].sharding.is_equivalent_to(spec.sharding, real[key].ndim)
-    state = steps.init_state()
-    for leaf, spec in zip(
-        jax.tree.leaves(state), jax.tree.leaves(steps.abstract_state), strict=True
-    ):
-        assert (leaf.shape, leaf.dtype) == (spec.shape, spec.dtype)
-    compiled = steps.train.lower(steps.abstract_state, steps.abstract_batch).compile()
-    new_state, metrics = compiled(state, real)
-    assert int(new_state.step) == 1
-    assert float(metrics["train/count"]) == config.batch_size
-
-
-def test_setup_build_runs_the_builders_step(monkeypatch, tmp_path):
-    built = []
-    original = sharded_step.build_sharded_step
+def test_setup_build_runs_the_builders_step_on_the_batches_it_compiles_for(
+    monkeypatch, tmp_path
+):
+    # CIFAR through the trainer's own host pipeline (mock TFDS records): the
+    # batches it feeds the step match the abstract batch that ahead-of-time
+    # compilation lowers for, in shape, dtype and sharding.
+    built, fed = [], []
 
     def spy(*args, **kwargs):
-        built.append(original(*args, **kwargs))
+        steps = original(*args, **kwargs)
+        jitted = steps.train
+
+        def train(state, batch):
+            fed.append(batch)
+            return jitted(state, batch)
+
+        built.append(dataclasses.replace(steps, train=train))
         return built[-1]
 
+    original = sharded_step.build_sharded_step
     monkeypatch.setattr(sharded_step, "build_sharded_step", spy)
-    config = digits_ce.get_config()
-    config.num_steps = 3
-    run = setup.build(config, tmp_path / "run")
-    assert len(built) == 1
+    config = cifar10_resnet110.get_config("objective=sb_ece")
+    config.model.name = "cnn"
+    config.dataset.data_dir = str(tmp_path / "data")
+    config.num_steps, config.batch_size = 2, 16
+    with tfds.testing.mock_data(
+        num_examples=40, policy=tfds.testing.MockPolicy.USE_CODE
+    ):
+        run = setup.build(config, tmp_path / "run")
+        state, _ = run.step(run.init_state(), 0)
+    assert len(built) == 1 and len(fed) == 1
     assert run.abstract_state is built[0].abstract_state
-    assert run.init_state is built[0].init_state
-    state, _ = run.step(run.init_state(), 0)
-    # The step ran through the builder's jit: its cache holds that compilation.
-    assert built[0].train._cache_size() == 1
     assert int(state.step) == 1
+    for leaf, spec in zip(
+        jax.tree.leaves(state), jax.tree.leaves(run.abstract_state), strict=True
+    ):
+        assert (leaf.shape, leaf.dtype, leaf.sharding) == (
+            spec.shape,
+            spec.dtype,
+            spec.sharding,
+        )
+    for key, spec in built[0].abstract_batch.items():
+        real = fed[0][key]
+        assert (real.shape, real.dtype) == (spec.shape, spec.dtype), key
+        assert real.sharding.is_equivalent_to(spec.sharding, real.ndim), key
 
 
 def test_summed_batch_level_losses_never_gather_the_batch():
@@ -128,14 +128,15 @@ def test_summed_batch_level_losses_never_gather_the_batch():
     assert max(c.largest for c in found) == biggest
 
 
-@pytest.mark.parametrize("name", ["mmce", "aurc"])
-def test_pairwise_and_sorted_losses_exchange_one_scalar_per_example(name):
+def test_pairwise_and_sorted_losses_exchange_one_scalar_per_example():
     # MMCE's kernel pairs every two examples and AURC sorts the batch, so each
     # needs every example's score: one scalar per example, never the logits.
-    found, _ = _collectives([{"name": "cross_entropy"}, {"name": name}])
+    terms = [{"name": "cross_entropy"}, {"name": "mmce"}, {"name": "aurc"}]
+    found, _ = _collectives(terms)
     batch = mesh_lib.data_mesh().devices.size * ROWS
     scaled = _per_example(found)
-    assert scaled and all(dims == (batch,) for _, _, dims in scaled), scaled
+    assert {dtype for _, dtype, _ in scaled} == {"f32", "s32"}  # MMCE's, AURC's
+    assert all(dims == (batch,) for _, _, dims in scaled), scaled
 
 
 def test_a_loss_that_gathers_the_batch_is_caught(monkeypatch):

@@ -25,6 +25,14 @@ $(STAMP): $(PY) requirements.txt requirements-test.txt constraints.txt pyproject
 
 install: $(STAMP)
 
+# The tpu-aot extra (libtpu matched to the pinned jax): the slow tests compile
+# a train step for a TPU slice ahead of time, so they install it rather than skip.
+TPU_AOT_STAMP := $(VENV)/.installed-tpu-aot
+$(TPU_AOT_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt \
+		--no-build-isolation -e '.[tpu-aot]'
+	touch $(TPU_AOT_STAMP)
+
 demo: $(STAMP)
 	$(PY) -m calib_jax.benchmark --config configs/benchmark_digits.py \
 		--workdir $(DEMO_DIR)
@@ -32,7 +40,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m 'not slow' tests
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(TPU_AOT_STAMP)
 	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m slow tests
 
 bench: $(STAMP)

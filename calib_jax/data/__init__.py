@@ -9,7 +9,14 @@ ones on a thread; :mod:`calib_jax.data.augment` and
 """
 
 from calib_jax.data import augment, cache, corruptions, pipeline, prefetch
-from calib_jax.data._datasets import DATASETS, Dataset, get_dataset
+from calib_jax.data._datasets import (
+    DATASETS,
+    INFO,
+    Dataset,
+    DatasetInfo,
+    dataset_info,
+    get_dataset,
+)
 from calib_jax.data._digits import load_digits
 from calib_jax.data._sources import (
     ArraySource,
@@ -21,8 +28,10 @@ from calib_jax.data._sources import (
 
 __all__ = [
     "DATASETS",
+    "INFO",
     "ArraySource",
     "Dataset",
+    "DatasetInfo",
     "NpySource",
     "Source",
     "SubsetSource",
@@ -30,6 +39,7 @@ __all__ = [
     "augment",
     "cache",
     "corruptions",
+    "dataset_info",
     "get_dataset",
     "load_digits",
     "pipeline",

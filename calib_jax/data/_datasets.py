@@ -51,6 +51,58 @@ _CIFAR_TRAIN_SIZE = 50_000
 
 
 @dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """What a model and a train step need of a dataset, known without its files.
+
+    Attributes:
+      name: registry name.
+      num_classes: K.
+      image_shape: ``(H, W, C)`` (the published layout; a CIFAR-100-C
+        directory's own files may differ, and its :class:`Dataset` says so).
+      mean: per-channel mean of the training images in ``[0, 1]``.
+      std: per-channel standard deviation, likewise.
+      image_dtype: dtype of the decoded images, which the host pipeline places
+        on the device as they are (``'uint8'``, converted there; digits are
+        ``'float32'`` in ``[0, 1]``).
+    """
+
+    name: str
+    num_classes: int
+    image_shape: tuple[int, int, int]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    image_dtype: str = "uint8"
+
+
+INFO: dict[str, DatasetInfo] = {
+    "digits": DatasetInfo(
+        "digits", _digits.NUM_CLASSES, (8, 8, 1), *_DIGITS_STATS, "float32"
+    ),
+    "cifar10": DatasetInfo("cifar10", 10, (32, 32, 3), *_CIFAR10_STATS),
+    "cifar100": DatasetInfo("cifar100", 100, (32, 32, 3), *_CIFAR100_STATS),
+    "cifar10_corrupted": DatasetInfo(
+        "cifar10_corrupted", 10, (32, 32, 3), *_CIFAR10_STATS
+    ),
+    "cifar100_corrupted": DatasetInfo(
+        "cifar100_corrupted", 100, (32, 32, 3), *_CIFAR100_STATS
+    ),
+}
+
+
+def dataset_info(name: str) -> DatasetInfo:
+    """The metadata of the registered dataset ``name``, opening no file.
+
+    Raises:
+      ValueError: unknown ``name`` (the valid names are listed).
+    """
+    if name not in INFO:
+        raise ValueError(
+            f"Unknown dataset '{name}'. Valid datasets: {', '.join(INFO)}."
+        )
+    return INFO[name]
+
+
+@dataclasses.dataclass(frozen=True)
 class Dataset:
     """A named image-classification dataset.
 
@@ -64,6 +116,8 @@ class Dataset:
       std: per-channel standard deviation, likewise.
       open_split: ``split -> Source``; use :meth:`source`, which validates.
       available_shifts: what :meth:`shifts` returns.
+      image_dtype: dtype of the decoded images (``'uint8'``; digits
+        ``'float32'``), placed on the device as they are.
     """
 
     name: str
@@ -76,6 +130,7 @@ class Dataset:
     available_shifts: tuple[tuple[str, int], ...] = dataclasses.field(
         default=(), repr=False
     )
+    image_dtype: str = "uint8"
 
     def source(self, split: str) -> Source:
         """The random-access source of ``split``.
@@ -116,13 +171,15 @@ def _digits_dataset(*, data_dir: str | None = None) -> Dataset:
         arrays = _digits.load_digits(split)
         return ArraySource(arrays["image"], arrays["label"])
 
+    info = INFO["digits"]
     return Dataset(
-        name="digits",
-        num_classes=_digits.NUM_CLASSES,
-        image_shape=(8, 8, 1),
+        name=info.name,
+        num_classes=info.num_classes,
+        image_shape=info.image_shape,
         splits=_digits.SPLITS,
-        mean=_DIGITS_STATS[0],
-        std=_DIGITS_STATS[1],
+        mean=info.mean,
+        std=info.std,
+        image_dtype=info.image_dtype,
         open_split=open_split,
         available_shifts=_JAX_SHIFTS,
     )
@@ -167,9 +224,7 @@ def _open_tfds(name: str, split: str, data_dir: str | None) -> Source:
     return TfdsSource(source, data_dir=_tfds_dir(data_dir))
 
 
-def _cifar_dataset(
-    name: str, num_classes: int, stats, data_dir: str | None, val_size: int
-) -> Dataset:
+def _cifar_dataset(info: DatasetInfo, data_dir: str | None, val_size: int) -> Dataset:
     if not 0 <= val_size < _CIFAR_TRAIN_SIZE:
         raise ValueError(
             f"val_size must be in [0, {_CIFAR_TRAIN_SIZE}), got {val_size}."
@@ -179,26 +234,28 @@ def _cifar_dataset(
     if val_size:
         tfds_splits["val"] = f"train[{n_train}:]"
     tfds_splits.update(test="test", train_full="train")
+    name = info.name
     _open_tfds(name, "test", data_dir)  # fail now, with instructions, if absent
 
     return Dataset(
         name=name,
-        num_classes=num_classes,
-        image_shape=(32, 32, 3),
+        num_classes=info.num_classes,
+        image_shape=info.image_shape,
         splits=tuple(tfds_splits),
-        mean=stats[0],
-        std=stats[1],
+        mean=info.mean,
+        std=info.std,
+        image_dtype=info.image_dtype,
         open_split=lambda split: _open_tfds(name, tfds_splits[split], data_dir),
         available_shifts=_JAX_SHIFTS,
     )
 
 
 def _cifar10_dataset(*, data_dir: str | None = None, val_size: int = 5000) -> Dataset:
-    return _cifar_dataset("cifar10", 10, _CIFAR10_STATS, data_dir, val_size)
+    return _cifar_dataset(INFO["cifar10"], data_dir, val_size)
 
 
 def _cifar100_dataset(*, data_dir: str | None = None, val_size: int = 5000) -> Dataset:
-    return _cifar_dataset("cifar100", 100, _CIFAR100_STATS, data_dir, val_size)
+    return _cifar_dataset(INFO["cifar100"], data_dir, val_size)
 
 
 def _parse_shift(config: str) -> tuple[str, int] | None:
@@ -223,13 +280,15 @@ def _cifar10_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
             "'tfds build cifar10_corrupted/gaussian_noise_3 ...' builds one.)"
         )
     shifts = sorted(_parse_shift(c) for c in configs)
+    info = INFO["cifar10_corrupted"]
     return Dataset(
-        name="cifar10_corrupted",
-        num_classes=10,
-        image_shape=(32, 32, 3),
+        name=info.name,
+        num_classes=info.num_classes,
+        image_shape=info.image_shape,
         splits=tuple(f"{c}_{s}" for c, s in shifts),
-        mean=_CIFAR10_STATS[0],
-        std=_CIFAR10_STATS[1],
+        mean=info.mean,
+        std=info.std,
+        image_dtype=info.image_dtype,
         open_split=lambda split: _open_tfds(
             f"cifar10_corrupted/{split}", "test", data_dir
         ),
@@ -277,13 +336,15 @@ def _cifar100_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
         corruption, _, severity = split.rpartition("_")
         return NpySource(root / f"{corruption}.npy", labels_path, int(severity))
 
+    info = INFO["cifar100_corrupted"]
     return Dataset(
-        name="cifar100_corrupted",
-        num_classes=100,
+        name=info.name,
+        num_classes=info.num_classes,
         image_shape=next(iter(shapes.values())),
         splits=tuple(f"{c}_{s}" for c, s in shifts),
-        mean=_CIFAR100_STATS[0],
-        std=_CIFAR100_STATS[1],
+        mean=info.mean,
+        std=info.std,
+        image_dtype=info.image_dtype,
         open_split=open_split,
         available_shifts=shifts,
     )

@@ -15,13 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from etils import epath
 from ml_collections import ConfigDict
 
 from calib_jax import data as data_lib
-from calib_jax import losses, models, storage
+from calib_jax import losses, storage
 from calib_jax.data import augment as augment_lib
 from calib_jax.data import cache as cache_lib
 from calib_jax.data import corruptions, pipeline
@@ -29,8 +28,8 @@ from calib_jax.data import prefetch as prefetch_lib
 from calib_jax.data._sources import SubsetSource
 from calib_jax.train import evaluate as eval_lib
 from calib_jax.train import mesh as mesh_lib
-from calib_jax.train import optim, step as step_lib, two_stage
-from calib_jax.train.state import TrainState, create
+from calib_jax.train import sharded_step, two_stage
+from calib_jax.train.state import TrainState
 
 CALIBRATION_STATS = ("global", "per_device")
 _SHIFT_SEED = 10_000
@@ -170,17 +169,17 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
     mesh = mesh_lib.data_mesh()
     mesh_lib.check_batch_size(config.batch_size, mesh)
     mesh_lib.check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
-    primary = losses.composite(config.loss)
-    secondary = (
+    # Fail on a bad loss term, model or augmentation before touching the workdir.
+    losses.composite(config.loss)
+    if config.interleaved.enabled:
         losses.composite(config.interleaved.secondary)
-        if config.interleaved.enabled
-        else None
-    )
+    sharded_step.make_augment(config)
     if config.two_stage.enabled:
         stage = two_stage.build_stage_two(config, dataset)  # validates stage-I dir
+        model = None
     else:
         stage = None
-        model = models.from_config(config.model, num_classes=dataset.num_classes)
+        model = sharded_step.make_model(config, dataset.num_classes)
     shifts = resolve_shifts(config, dataset)
     check_workdir(config, workdir)
 
@@ -207,10 +206,6 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
     else:
         steps_per_epoch = math.ceil(len(train_source) / b)
     num_steps = _num_steps(config, steps_per_epoch)
-    if stage is not None:
-        forward = stage.make_forward(steps_per_epoch)
-    else:
-        forward = step_lib.model_forward(model)
 
     def host_batch(step: int) -> tuple[bool, dict]:
         """(is_secondary, process-local batch) for a global step."""
@@ -231,61 +226,18 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
         index = epoch * held_steps + pos - major_steps
         return True, pipeline.train_batch(held, step=index, **kw)
 
-    # ---- model, optimizer, state -------------------------------------------------
-    tx = optim.make_optimizer(config, num_steps)
-    schedule = optim.make_schedule(config, num_steps)
-    sample = jnp.zeros((1, *dataset.image_shape), jnp.float32)
-    repl, rows = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
-
-    def init_fn(rng):
-        if stage is not None:
-            return stage.init_state(tx, rng)
-        return create(model, tx, rng, _preprocess(dataset, sample))
-
-    rng = jax.random.key(config.seed)
-    abstract = jax.eval_shape(init_fn, rng)
-    state_sharding = jax.tree.map(lambda _: repl, abstract)
-    abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        abstract,
-        state_sharding,
+    # ---- model, optimizer, state and the jitted steps ------------------------
+    steps = sharded_step.build_sharded_step(
+        config,
+        dataset,
+        mesh,
+        num_steps,
+        model=model,
+        stage=stage,
+        steps_per_epoch=steps_per_epoch,
     )
-
-    def init_state():
-        return jax.jit(init_fn, out_shardings=state_sharding)(rng)
-
-    augment = None
-    if config.augment == "crop_flip":
-        augment = lambda x, r: augment_lib.random_crop_flip(  # noqa: E731
-            augment_lib.to_float(x), r
-        )
-    elif config.augment:
-        raise ValueError(
-            f"Unknown config.augment '{config.augment}'; use '' or 'crop_flip'."
-        )
-
-    def wrap(loss):
-        if config.calibration_stats == "per_device":
-            return step_lib.per_device(loss, mesh)
-        return loss
-
-    def pre(forward_fn):
-        def fwd(state, params, images, rng_, train):
-            return forward_fn(state, params, _preprocess(dataset, images), rng_, train)
-
-        return fwd
-
-    hooks = stage.hooks(steps_per_epoch, num_steps) if stage is not None else {}
-    jit_step = lambda loss: jax.jit(  # noqa: E731
-        step_lib.make_train_step(
-            pre(forward), wrap(loss), tx, augment=augment, **hooks
-        ),
-        in_shardings=(state_sharding, rows),
-        out_shardings=(state_sharding, repl),
-        donate_argnums=0,
-    )
-    primary_step = jit_step(primary)
-    secondary_step = jit_step(secondary) if secondary is not None else None
+    primary_step, secondary_step = steps.train, steps.secondary
+    rows = steps.batch_sharding
     put = lambda batch: mesh_lib.put_batch(batch, rows)  # noqa: E731
 
     def batch(step):
@@ -301,11 +253,7 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
     def run_step(state, step):
         return train(state, batch(step))
 
-    eval_step = jax.jit(
-        step_lib.make_eval_step(pre(forward)),
-        in_shardings=(state_sharding, rows),
-        out_shardings=rows,
-    )
+    eval_step = steps.eval
 
     def evaluate(state, *, export: bool) -> dict[str, float]:
         return _evaluate(
@@ -316,19 +264,14 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
         config=config,
         workdir=workdir,
         num_steps=num_steps,
-        schedule=schedule,
-        abstract_state=abstract,
-        init_state=init_state,
+        schedule=steps.schedule,
+        abstract_state=steps.abstract_state,
+        init_state=steps.init_state,
         step=run_step,
         evaluate=evaluate,
         batch=batch,
         train=train,
     )
-
-
-def _preprocess(dataset, images):
-    images = augment_lib.to_float(images)  # uint8 batches are converted on device
-    return augment_lib.normalize(images, dataset.mean, dataset.std)
 
 
 def resolve_shifts(config: ConfigDict, dataset):

@@ -174,3 +174,24 @@ def test_cifar100_corrupted_rejects_bad_files(tmp_path):
     np.save(root / "contrast.npy", np.zeros((7, 32, 32, 3), np.uint8))
     with pytest.raises(ValueError, match="shape"):
         data.get_dataset("cifar100_corrupted", data_dir=str(root))
+
+
+def test_dataset_info_is_the_metadata_of_the_built_datasets(tmp_path):
+    def meta(d):
+        return d.name, d.num_classes, tuple(d.image_shape), d.mean, d.std
+
+    assert set(data.INFO) == set(data.DATASETS)
+    assert meta(data.dataset_info("digits")) == meta(data.get_dataset("digits"))
+    with _mock():
+        for name in ("cifar10", "cifar100", "cifar10_corrupted"):
+            if name == "cifar10_corrupted":
+                (tmp_path / name / "snow_3" / "3.0.1").mkdir(parents=True)
+            built = data.get_dataset(name, data_dir=str(tmp_path))
+            assert meta(data.dataset_info(name)) == meta(built), name
+    _write_cifar100_c(tmp_path / "c100c")
+    built = data.get_dataset("cifar100_corrupted", data_dir=str(tmp_path / "c100c"))
+    assert meta(data.dataset_info("cifar100_corrupted")) == meta(built)
+    assert data.dataset_info("cifar100").num_classes == 100
+    assert data.dataset_info("cifar10").mean == (0.4914, 0.4822, 0.4465)
+    with pytest.raises(ValueError, match="Unknown dataset 'mnist'. Valid datasets: "):
+        data.dataset_info("mnist")

@@ -88,9 +88,9 @@ def augrc(
     r"""Area under the generalized risk-coverage curve of the top-label confidence.
 
     The generalized risk at a threshold is the fraction of *all* samples that
-    are accepted and wrong, :math:`P(\text{wrong}, c \ge \tau)` (Sec. 4 of
-    [1]), not the error rate among the accepted (the selective risk of
-    :func:`aurc`). With rows sorted by decreasing confidence and 0/1 errors
+    are accepted and wrong, :math:`P(\text{wrong}, c \ge \tau)` ([1]), not
+    the error rate among the accepted (the selective risk of :func:`aurc`).
+    With rows sorted by decreasing confidence and 0/1 errors
     :math:`e_{(j)}`, the curve passes through :math:`(k/N, \frac1N
     \sum_{j \le k} e_{(j)})` from :math:`(0, 0)` and its area with the
     trapezoid rule is
@@ -124,7 +124,8 @@ def augrc(
       [1] J. Traub, T. J. Bungert, C. T. Lüth, M. Baumgartner, K. H.
       Maier-Hein, L. Maier-Hein, P. F. Jäger, "Overcoming Common Flaws in the
       Evaluation of Selective Classification Systems", NeurIPS 2024,
-      arXiv:2407.01032v2, Sec. 4 (generalized risk, AUGRC).
+      arXiv:2407.01032v1 (definitions of the generalized risk and of the
+      AUGRC, and its form in terms of the failure AUROC).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -196,8 +197,8 @@ def risk_at_coverage(
 
     References:
       [1] Y. Geifman, R. El-Yaniv, "Selective Classification for Deep Neural
-      Networks", NeurIPS 2017, arXiv:1705.08500v2, Sec. 2 (selective risk and
-      coverage).
+      Networks", NeurIPS 2017, arXiv:1705.08500v1 (problem setting:
+      selective risk and coverage).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -261,8 +262,8 @@ def coverage_at_risk(
 
     References:
       [1] Y. Geifman, R. El-Yaniv, "Selective Classification for Deep Neural
-      Networks", NeurIPS 2017, arXiv:1705.08500v2, Sec. 3 (the largest
-      coverage meeting a target risk).
+      Networks", NeurIPS 2017, arXiv:1705.08500v1 (selection with a target
+      risk: the largest coverage whose risk meets it).
 
     Examples:
       >>> import jax.numpy as jnp

@@ -235,7 +235,7 @@ def smooth_ece(
 
     With predictions :math:`f_i \in [0, 1]`, outcomes :math:`y_i \in \{0,
     1\}` and the Gaussian kernel :math:`K^R_\sigma` reflected at 0 and 1 (the
-    kernel of Sec. 3 of [1] for predictions in a bounded interval),
+    kernel [1] uses for predictions confined to [0, 1]),
 
     .. math::
 
@@ -245,7 +245,7 @@ def smooth_ece(
 
     with :math:`\hat\delta_\sigma(t) = \frac1N\sum_i K^R_\sigma(t, f_i)` the
     smoothed density of the predictions and :math:`\hat r_\sigma` the
-    Nadaraya-Watson smoothed residual (Sec. 3 of [1]). ``bandwidth=None``
+    Nadaraya-Watson smoothed residual ([1]). ``bandwidth=None``
     (default) applies the paper's scale rule: :math:`\sigma^*` is the unique
     solution of :math:`\mathrm{smECE}_{\sigma} = \sigma` (smECE is
     non-increasing in :math:`\sigma`), and the metric is
@@ -263,7 +263,7 @@ def smooth_ece(
     Fourier space, and integrated with the trapezoid rule; :math:`\sigma^*`
     is found by 30 bisection steps on :math:`[10^{-3}, 1]` and the
     returned value is :math:`\mathrm{smECE}` at the upper end of the final
-    bracket. Differences from ``relplot`` 0.1 (``smECE``): a fixed
+    bracket. Differences from ``relplot.smECE`` ([2]): a fixed
     8193-point grid (relplot: 200 points, refined 4x until at least
     :math:`20/\sigma`), all reflected images of the Gaussian (relplot: one
     reflection at each end and a kernel cut at distance 0.5, visible for
@@ -287,9 +287,12 @@ def smooth_ece(
 
     References:
       [1] J. Błasiok, P. Nakkiran, "Smooth ECE: Principled Reliability
-      Diagrams via Kernel Smoothing", ICLR 2024, arXiv:2309.12236v1, Sec. 3
-      (smECE_sigma, the reflected Gaussian kernel and the fixed-point scale
-      sigma*), Sec. 4 (grid discretisation; package ``relplot``).
+      Diagrams via Kernel Smoothing", ICLR 2024, arXiv:2309.12236v1: the
+      definitions of smECE_sigma (kernel-smoothed residual), the reflected
+      Gaussian kernel and SmoothECE = smECE at the fixed point sigma*.
+      [2] ``relplot``, the package released with [1]
+      (github.com/apple/ml-calibration, ``src/relplot/metrics.py``,
+      ``smECE_fast``; ``kernels.py``, ``smooth_round_to_grid``).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -324,7 +327,8 @@ def smooth_reliability(
     The curve is the prediction plus its Nadaraya-Watson smoothed residual,
     so the gap to the diagonal weighted by the density integrates to the
     smooth ECE (:math:`\int |\mathrm{accuracy}(t) - t|\,\hat\delta(t)\,dt =
-    \mathrm{smECE}_\sigma`, the property of the diagram in Sec. 3 of [1]);
+    \mathrm{smECE}_\sigma`, the property of the smooth reliability diagram
+    in [1]);
     ``relplot`` plots the kernel regression of :math:`y` instead, which
     differs from it by the smoothing bias of the predictions
     (:math:`O(\sigma^2)` inside the interval). Where the density is below
@@ -335,7 +339,8 @@ def smooth_reliability(
 
     References:
       [1] J. Błasiok, P. Nakkiran, "Smooth ECE: Principled Reliability
-      Diagrams via Kernel Smoothing", ICLR 2024, arXiv:2309.12236v1, Sec. 3.
+      Diagrams via Kernel Smoothing", ICLR 2024, arXiv:2309.12236v1
+      (smoothed reliability diagrams).
 
     Examples:
       >>> import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Matplotlib figures: reliability diagram and ECE against shift severity.
+"""Matplotlib figures: reliability diagrams and ECE against shift severity.
 
 Matplotlib is imported inside the functions (importing calib_jax does not
 import it) and figures are drawn on the non-interactive Agg canvas without
@@ -130,6 +130,70 @@ def reliability_diagram(
     bottom.bar(lower, count, width=width, align="edge", color="gray", edgecolor="black")
     bottom.set_xlabel("confidence")
     bottom.set_ylabel("count")
+    _save(fig, path)
+    return fig
+
+
+def smooth_reliability_diagram(
+    probs,
+    labels,
+    *,
+    bandwidth=None,
+    target: str = "top_label",
+    where=None,
+    title: str | None = None,
+    path: str | os.PathLike | None = None,
+):
+    """Smoothed reliability diagram of the smooth ECE (Błasiok and Nakkiran).
+
+    Top panel: the smoothed curve of :func:`calib_jax.metrics.smooth_reliability`
+    (the prediction plus its kernel-smoothed residual) drawn as a line, with a
+    band around it whose half-width is proportional to the smoothed density
+    of the predictions (the thick-where-dense line of the paper's figures),
+    and the diagonal; the legend gives the smooth ECE and the bandwidth
+    sigma. Bottom panel: the smoothed density itself. The gap between curve
+    and diagonal, weighted by the density, integrates to the smooth ECE.
+
+    Args:
+      probs: float ``[N, K]`` probabilities.
+      labels: int ``[N]`` class ids.
+      bandwidth, target, where: as :func:`calib_jax.metrics.smooth_ece`.
+      title: title (default ``"Smoothed reliability"``).
+      path: where to write a PNG (None: do not save).
+
+    Returns:
+      The ``matplotlib.figure.Figure``; the curve is ``fig.axes[0].lines[0]``.
+    """
+    curve = metrics.smooth_reliability(
+        probs, labels, bandwidth=bandwidth, target=target, where=where
+    )
+    grid = np.asarray(curve["grid"])
+    acc = np.asarray(curve["accuracy"])
+    density = np.asarray(curve["density"])
+    value, sigma = float(curve["smece"]), float(curve["bandwidth"])
+    half = 0.03 * density / max(float(np.max(density)), 1e-30)
+
+    fig = _figure(5.0, 6.0)
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    top.plot(
+        grid,
+        acc,
+        color="#d62728",
+        linewidth=1.5,
+        label=f"smoothed accuracy (smECE = {100 * value:.2f}%, σ = {sigma:.3g})",
+    )
+    top.fill_between(
+        grid, acc - half, acc + half, color="#d62728", alpha=0.3, linewidth=0
+    )
+    top.plot([0, 1], [0, 1], "--", color="gray", label="perfect calibration")
+    top.set_xlim(0, 1)
+    top.set_ylim(0, 1)
+    top.set_ylabel("accuracy" if target == "top_label" else "frequency of class 1")
+    top.legend(loc="upper left", fontsize="small")
+    top.set_title(f"{title or 'Smoothed reliability'} (smECE = {100 * value:.2f}%)")
+    bottom.fill_between(grid, 0.0, density, color="gray")
+    bottom.set_xlabel("confidence" if target == "top_label" else "p(class 1)")
+    bottom.set_ylabel("density")
     _save(fig, path)
     return fig
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import fractions
+import itertools
 import math
 
 import numpy as np
@@ -296,3 +297,127 @@ def fpr_at_tpr(s_in, s_out, tpr=0.95):
     k = math.ceil(fractions.Fraction(str(tpr)) * len(s_in))
     threshold = sorted(s_in, reverse=True)[k - 1]
     return sum(1 for b in s_out if b >= threshold) / len(s_out)
+
+
+# ---------------------------------------------------------------------------
+# Smooth ECE, AUGRC, risk at coverage / coverage at risk, bootstrap intervals.
+# Written from the definitions in the papers (no grid, no FFT, no sort keys).
+# ---------------------------------------------------------------------------
+
+
+def smooth_predictions(probs, labels, target="top_label"):
+    """(f, y) float64: predicted probability and 0/1 outcome."""
+    if target == "top_label":
+        conf, correct = top_label(probs, labels)
+        return conf, correct.astype(np.float64)
+    probs = np.asarray(probs, np.float64)
+    return probs[:, 1].copy(), (np.asarray(labels) == 1).astype(np.float64)
+
+
+def reflected_gaussian(t, u, sigma):
+    """K^R_sigma(t, u) on [0, 1]: the Gaussian summed over its images under
+    reflection at 0 and 1 (x -> -x and x -> 2 - x, i.e. period 2)."""
+    images = math.ceil(4.0 * sigma) + 1
+    total = np.zeros(np.broadcast_shapes(np.shape(t), np.shape(u)))
+    for m in range(-images, images + 1):
+        for x in (t - u - 2.0 * m, t + u - 2.0 * m):
+            total += np.exp(-0.5 * (x / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
+    return total
+
+
+def smooth_ece_at(f, y, sigma, points=4001):
+    """smECE_sigma = integral over [0, 1] of |(1/N) sum_i K(t, f_i)(y_i - f_i)|."""
+    t = np.linspace(0.0, 1.0, points)
+    s = reflected_gaussian(t[:, None], f[None, :], sigma) @ (y - f) / len(f)
+    a = np.abs(s)
+    return float(np.sum((a[1:] + a[:-1]) / 2.0) * (t[1] - t[0]))
+
+
+def smooth_ece_fixed_point(f, y, lo=1e-3, hi=1.0, points=4001):
+    """sigma* with smECE_sigma* = sigma*, clamped to [lo, hi] (Brent's method)."""
+    from scipy.optimize import brentq
+
+    def gap(sigma):
+        return smooth_ece_at(f, y, sigma, points) - sigma
+
+    if gap(lo) <= 0.0:
+        return lo
+    if gap(hi) >= 0.0:
+        return hi
+    return brentq(gap, lo, hi, xtol=1e-12, rtol=1e-12)
+
+
+def smooth_ece(probs, labels, sigma=None, target="top_label", points=4001):
+    f, y = smooth_predictions(probs, labels, target)
+    if sigma is None:
+        sigma = smooth_ece_fixed_point(f, y, points=points)
+    return smooth_ece_at(f, y, sigma, points), sigma
+
+
+def _ranked_errors(probs, labels):
+    """(conf, err) sorted by decreasing confidence."""
+    conf, correct = top_label(probs, labels)
+    order = sorted(range(len(conf)), key=lambda i: -conf[i])
+    return [float(conf[i]) for i in order], [int(not correct[i]) for i in order]
+
+
+def augrc(probs, labels):
+    """Trapezoid area under (coverage, generalized risk) at the distinct
+    thresholds, from (0, 0): generalized risk = P(accepted and wrong)."""
+    conf, err = _ranked_errors(probs, labels)
+    n = len(conf)
+    points = [(0.0, 0.0)]
+    for tau in sorted(set(conf), reverse=True):
+        accepted = [e for c, e in zip(conf, err) if c >= tau]
+        points.append((len(accepted) / n, sum(accepted) / n))
+    return sum(
+        (c1 - c0) * (r0 + r1) / 2.0 for (c0, r0), (c1, r1) in itertools.pairwise(points)
+    )
+
+
+def augrc_from_auroc(probs, labels):
+    """The AUROC form: err^2 / 2 + err * acc * (1 - AUROC_f), Mann-Whitney AUROC
+    of correct (positive) vs wrong by confidence, ties counting half."""
+    conf, correct = top_label(probs, labels)
+    good = [c for c, ok in zip(conf, correct) if ok]
+    bad = [c for c, ok in zip(conf, correct) if not ok]
+    n = len(conf)
+    err, acc = len(bad) / n, len(good) / n
+    if not good or not bad:
+        return 0.5 * err * err
+    auroc = ood_auroc(good, bad)
+    return 0.5 * err * err + err * acc * (1.0 - auroc)
+
+
+def _expected_errors(conf, err, k):
+    """Expected errors among the k most confident rows, ties by expectation."""
+    v = conf[k - 1]
+    start = conf.index(v)
+    end = len(conf) - conf[::-1].index(v)
+    group = fractions.Fraction(sum(err[start:end]), end - start)
+    return sum(err[:start]) + (k - start) * group
+
+
+def risk_at_coverage(probs, labels, coverage):
+    conf, err = _ranked_errors(probs, labels)
+    n = len(conf)
+    k = math.ceil(fractions.Fraction(str(coverage)) * n)
+    return float(_expected_errors(conf, err, k) / k)
+
+
+def coverage_at_risk(probs, labels, risk):
+    conf, err = _ranked_errors(probs, labels)
+    n = len(conf)
+    target = fractions.Fraction(str(risk))
+    best = 0
+    for k in range(1, n + 1):
+        if _expected_errors(conf, err, k) / k <= target:
+            best = k
+    return best / n
+
+
+def percentile_interval(values, confidence=0.95):
+    """NumPy percentile interval (linear interpolation) of bootstrap values."""
+    alpha = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(np.asarray(values, np.float64), [alpha, 1.0 - alpha])
+    return float(lo), float(hi)

@@ -110,8 +110,11 @@ def test_batch_level_losses_of_an_empty_batch_are_zero(name):
     "name", sorted(set(metrics.METRICS) - {"ood_auroc", "fpr_at_95_tpr"})
 )
 def test_every_metric_rejects_a_single_class(name):
+    options = {"risk_at_coverage": {"coverage": 0.5}, "coverage_at_risk": {"risk": 0.1}}
     with pytest.raises(ValueError) as err:
-        metrics.get_metric(name)(np.ones((8, 1), np.float32), np.zeros(8, np.int32))
+        metrics.get_metric(name)(
+            np.ones((8, 1), np.float32), np.zeros(8, np.int32), **options.get(name, {})
+        )
     assert "K = 1" in _one_line(err.value)
 
 

@@ -9,6 +9,7 @@ validate values (NaN/inf, simplex, label range, empty input) and raise
 ``ValueError``; inside ``jax.jit`` they skip the value checks and run the
 same jittable core.
 
+:func:`bootstrap` gives percentile confidence intervals of any of them.
 Equal-width binned metrics come from mergeable :class:`BinnedStats`;
 binning conventions and library presets are in :data:`PRESETS` (see
 ``docs/metrics.md``).
@@ -18,10 +19,13 @@ from calib_jax.metrics._adaptive import adaptive_ece
 from calib_jax.metrics._binned import ece, mce, reliability_bins, rmsce
 from calib_jax.metrics._binning import PRESETS, Convention, get_convention
 from calib_jax.metrics._binning_free import ks_error, sweep_ece
+from calib_jax.metrics._bootstrap import BootstrapResult, bootstrap, resample_indices
 from calib_jax.metrics._classwise import classwise_ece, debiased_ece, marginal_ece
 from calib_jax.metrics._ood import fpr_at_95_tpr, ood_auroc
 from calib_jax.metrics._proper import accuracy, brier, nll
+from calib_jax.metrics._risk_coverage import augrc, coverage_at_risk, risk_at_coverage
 from calib_jax.metrics._selective import aurc, eaurc
+from calib_jax.metrics._smooth import smooth_ece, smooth_reliability
 from calib_jax.metrics._stats import BinnedStats
 
 METRICS = {
@@ -34,14 +38,19 @@ METRICS = {
     "debiased_ece": debiased_ece,
     "ks_error": ks_error,
     "sweep_ece": sweep_ece,
+    "smooth_ece": smooth_ece,
     "brier": brier,
     "nll": nll,
     "accuracy": accuracy,
     "aurc": aurc,
     "eaurc": eaurc,
+    "augrc": augrc,
+    "risk_at_coverage": risk_at_coverage,
+    "coverage_at_risk": coverage_at_risk,
     "ood_auroc": ood_auroc,
     "fpr_at_95_tpr": fpr_at_95_tpr,
     "reliability_bins": reliability_bins,
+    "smooth_reliability": smooth_reliability,
 }
 
 
@@ -63,12 +72,16 @@ __all__ = [
     "METRICS",
     "PRESETS",
     "BinnedStats",
+    "BootstrapResult",
     "Convention",
     "accuracy",
     "adaptive_ece",
+    "augrc",
     "aurc",
+    "bootstrap",
     "brier",
     "classwise_ece",
+    "coverage_at_risk",
     "debiased_ece",
     "eaurc",
     "ece",
@@ -81,6 +94,10 @@ __all__ = [
     "nll",
     "ood_auroc",
     "reliability_bins",
+    "resample_indices",
+    "risk_at_coverage",
     "rmsce",
+    "smooth_ece",
+    "smooth_reliability",
     "sweep_ece",
 ]

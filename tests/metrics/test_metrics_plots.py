@@ -64,3 +64,23 @@ def test_accuracy_vs_ece_png(tmp_path):
     assert "bad: accuracy 30.0%" in fig.texts[0].get_text()
     with pytest.raises(ValueError, match="empty"):
         plots.accuracy_vs_ece({})
+
+
+def test_smooth_reliability_diagram_shows_the_metric_curve(tmp_path):
+    import numpy as np
+
+    from calib_jax import metrics
+
+    probs, labels = softmax_case(n=300, k=10, seed=32)
+    path = tmp_path / "smooth.png"
+    fig = plots.smooth_reliability_diagram(probs, labels, path=path)
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    curve = metrics.smooth_reliability(probs, labels)
+    x, y = fig.axes[0].lines[0].get_data()
+    np.testing.assert_array_equal(x, np.asarray(curve["grid"]))
+    np.testing.assert_array_equal(y, np.asarray(curve["accuracy"]))
+    label = fig.axes[0].get_legend().get_texts()[0].get_text()
+    assert f"smECE = {100 * float(curve['smece']):.2f}%" in label
+    assert f"σ = {float(curve['bandwidth']):.3g}" in label
+    assert "smECE" in fig.axes[0].get_title()

@@ -1,0 +1,282 @@
+r"""Selective classification beyond AURC: AUGRC, risk at coverage, coverage at risk.
+
+Same conventions as :func:`calib_jax.metrics.aurc`: the confidence score is
+the top-label probability :math:`c_i = \max_k p_{ik}`, a prediction is wrong
+when its first arg-max differs from the label, rows are accepted in order of
+decreasing confidence, and tied confidences are resolved by the expectation
+over the orderings of the ties. At coverage :math:`k/N` the expected number
+of accepted errors is then
+
+.. math::
+
+    E_k = E_{\mathrm{before}} + (k - s)\,\frac{m_g}{n_g}
+
+for the tie group :math:`g` holding position :math:`k` (:math:`s` rows
+before it, :math:`E_{\mathrm{before}}` errors before it, :math:`m_g` errors
+among its :math:`n_g` rows): the risk-coverage curves are linear inside a tie
+group, the value every ordering of the ties gives on average.
+
+Sort-based: collect (probs, labels) of a split once and call these on it.
+"""
+
+from __future__ import annotations
+
+import fractions
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from calib_jax.metrics import _common, _validate
+
+# A selective risk within this of the target counts as meeting it (float32
+# round-off of E_k / k; see coverage_at_risk).
+RISK_TOLERANCE = 1e-6
+
+
+def _ranked(probs, labels, where):
+    """Errors in order of decreasing confidence and their tie groups.
+
+    Returns ``(err, n, start, before, group_err, group_len)``, every array
+    ``[N]`` in sorted position order (excluded rows last): ``start`` is the
+    0-based position of the row's tie group, ``before`` the errors ahead of
+    the group, ``group_err`` / ``group_len`` the group's errors and size.
+    """
+    conf, correct = _common.top_label(probs, labels)
+    size = conf.shape[0]
+    valid = _common.mask_or_ones(where, size)
+    n = jnp.sum(valid.astype(jnp.int32))
+    key = jnp.sort(_common.sort_key(conf, ~correct, valid))
+    key = jnp.roll(key[::-1], n)  # descending valid keys first, excluded last
+    s, err = _common.unpack_key(key)
+    pos = lax.iota(jnp.int32, size)
+    err = jnp.where(pos < n, err, 0)
+    new = jnp.concatenate([jnp.ones((1,), bool), s[1:] != s[:-1]])
+    group = jnp.cumsum(new.astype(jnp.int32)) - 1
+    group_err = jax.ops.segment_sum(err, group, size)[group]
+    group_len = jax.ops.segment_sum(jnp.ones_like(err), group, size)[group]
+    start = lax.cummax(jnp.where(new, pos, 0))
+    cum = jnp.cumsum(err)
+    before = cum[start] - err[start]
+    return err, n, start, before, group_err, group_len
+
+
+def _expected_errors(start, before, group_err, group_len, k):
+    """``E_k`` (expected errors among the first ``k`` rows), float32."""
+    ratio = group_err.astype(jnp.float32) / group_len.astype(jnp.float32)
+    return before.astype(jnp.float32) + (k - start).astype(jnp.float32) * ratio
+
+
+@jax.jit
+def _augrc_core(probs, labels, where):
+    err, n, start, _, _, group_len = _ranked(probs, labels, where)
+    nf = jnp.maximum(n, 1).astype(jnp.float32)
+    # Weight of 1-based position j: (N - j + 1/2) / N^2 (trapezoid rule on the
+    # generalized risk-coverage curve). Tied rows share the mean position of
+    # their group, start + (n_g + 1) / 2.
+    mean_pos = start.astype(jnp.float32) + 0.5 * (group_len.astype(jnp.float32) + 1.0)
+    weight = (nf - mean_pos + 0.5) / (nf * nf)
+    return jnp.sum(jnp.where(err > 0, weight, 0.0))
+
+
+def augrc(
+    probs: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Area under the generalized risk-coverage curve of the top-label confidence.
+
+    The generalized risk at a threshold is the fraction of *all* samples that
+    are accepted and wrong, :math:`P(\text{wrong}, c \ge \tau)` ([1]), not
+    the error rate among the accepted (the selective risk of :func:`aurc`).
+    With rows sorted by decreasing confidence and 0/1 errors
+    :math:`e_{(j)}`, the curve passes through :math:`(k/N, \frac1N
+    \sum_{j \le k} e_{(j)})` from :math:`(0, 0)` and its area with the
+    trapezoid rule is
+
+    .. math::
+
+        \mathrm{AUGRC} = \frac{1}{N^2}\sum_{j=1}^{N} e_{(j)}
+        \big(N - j + \tfrac12\big)
+        = \tfrac12\,\mathrm{err}^2 + \mathrm{err}\,\mathrm{acc}\,
+        (1 - \mathrm{AUROC}_f),
+
+    the "average risk of undetected failures" of [1]; the second form (in
+    [1]) holds exactly for these empirical quantities, with
+    :math:`\mathrm{AUROC}_f` the Mann-Whitney AUROC of separating correct
+    from wrong predictions by confidence (ties count half). Tied
+    confidences: the curve is linear inside a tie group, i.e. every tied
+    row gets the mean weight of the positions the group occupies (the
+    expectation over orderings of the ties, as :func:`aurc`; the released
+    ``RiskCoverageStats`` of [1] interpolates linearly between distinct
+    thresholds, which is the same). Lower is better; range [0, 1/2].
+
+    Args:
+      probs: float ``[N, K]`` rows on the probability simplex.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      where: optional bool ``[N]``; ``False`` rows are excluded.
+
+    Returns:
+      float32 scalar in [0, 0.5].
+
+    References:
+      [1] J. Traub, T. J. Bungert, C. T. Lüth, M. Baumgartner, K. H.
+      Maier-Hein, L. Maier-Hein, P. F. Jäger, "Overcoming Common Flaws in the
+      Evaluation of Selective Classification Systems", NeurIPS 2024,
+      arXiv:2407.01032v1 (definitions of the generalized risk and of the
+      AUGRC, and its form in terms of the failure AUROC).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> print(f"{float(metrics.augrc(probs, labels)):.4f}")
+      0.0938
+    """
+    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+    return _augrc_core(probs, labels, where)
+
+
+def _fraction(name, value, *, allow_zero):
+    """``value`` as a fraction with denominator <= 10**4, checked to lie in range."""
+    interval = "[0, 1]" if allow_zero else "(0, 1]"
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{name} must be a number in {interval}, got {value!r}."
+        ) from None
+    low_ok = x >= 0.0 if allow_zero else x > 0.0
+    if not (low_ok and x <= 1.0):
+        raise ValueError(f"{name} must lie in {interval}, got {value!r}.")
+    return fractions.Fraction(x).limit_denominator(10_000)
+
+
+@jax.jit
+def _risk_at_coverage_core(probs, labels, where, num, den):
+    _, n, start, before, group_err, group_len = _ranked(probs, labels, where)
+    # k = ceil(n * num / den) in int32 without overflow; 1 <= k <= n.
+    q, r = n // den, n % den
+    k = jnp.clip(q * num + (r * num + den - 1) // den, 1, jnp.maximum(n, 1))
+    i = k - 1  # 0-based position of the last accepted row
+    e_k = _expected_errors(start[i], before[i], group_err[i], group_len[i], k)
+    return e_k / k.astype(jnp.float32)
+
+
+def risk_at_coverage(
+    probs: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    coverage: float,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Selective risk (error rate) of the most confident fraction ``coverage``.
+
+    The :math:`k = \lceil \mathrm{coverage}\cdot N \rceil` most confident rows
+    are accepted (the smallest set covering at least that fraction) and the
+    result is their error rate :math:`E_k / k`, the selective risk of
+    [1] at that coverage. A tie group that straddles position :math:`k`
+    contributes its error rate times the number of its rows accepted (the
+    expectation over orderings of the ties, as :func:`aurc`), so the value
+    does not depend on the row order. ``coverage=1`` is the error rate
+    ``1 - accuracy``.
+
+    Args:
+      probs: float ``[N, K]`` rows on the probability simplex.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      coverage: fraction in (0, 1], a Python number (read as the nearest fraction with
+        denominator <= 10**4, so :math:`k` is an exact integer ceiling);
+        coverage 0 is rejected, the risk of an empty selection is undefined.
+      where: optional bool ``[N]``; ``False`` rows are excluded (``N`` counts
+        the included rows).
+
+    Returns:
+      float32 scalar in [0, 1].
+
+    References:
+      [1] Y. Geifman, R. El-Yaniv, "Selective Classification for Deep Neural
+      Networks", NeurIPS 2017, arXiv:1705.08500v1 (problem setting:
+      selective risk and coverage).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> print(f"{float(metrics.risk_at_coverage(probs, labels, coverage=0.5)):.4f}")
+      0.0000
+    """
+    frac = _fraction("coverage", coverage, allow_zero=False)
+    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+    num, den = jnp.int32(frac.numerator), jnp.int32(frac.denominator)
+    return _risk_at_coverage_core(probs, labels, where, num, den)
+
+
+@jax.jit
+def _coverage_at_risk_core(probs, labels, where, risk):
+    err, n, start, before, group_err, group_len = _ranked(probs, labels, where)
+    size = err.shape[0]
+    k = lax.iota(jnp.int32, size) + 1
+    e_k = _expected_errors(start, before, group_err, group_len, k)
+    ok = (k <= n) & (e_k <= (risk + RISK_TOLERANCE) * k.astype(jnp.float32))
+    best = jnp.max(jnp.where(ok, k, 0))
+    return best.astype(jnp.float32) / jnp.maximum(n, 1).astype(jnp.float32)
+
+
+def coverage_at_risk(
+    probs: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    risk: float,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Largest coverage whose selective risk is at most ``risk``.
+
+    .. math::
+
+        \max\Big\{\frac{k}{N} : 1 \le k \le N,\ \frac{E_k}{k} \le
+        \mathrm{risk}\Big\},
+
+    with :math:`E_k` the expected number of errors among the :math:`k` most
+    confident rows (ties resolved by expectation, as :func:`aurc` and
+    :func:`risk_at_coverage`). Every :math:`k` is considered, not only the
+    first one crossing the target (selective risk need not be monotone in
+    coverage); the result is the coverage of the largest such :math:`k`,
+    the working point of the largest accepted set whose empirical error rate
+    meets the target ([1]). If no :math:`k` qualifies (the target is below
+    the risk of every non-empty selection) the result is 0. A risk within
+    :math:`10^{-6}` above the target counts as meeting it (float32
+    round-off of :math:`E_k / k`).
+
+    Args:
+      probs: float ``[N, K]`` rows on the probability simplex.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      risk: target selective risk in [0, 1] (traceable; checked when
+        concrete); ``risk=1`` gives coverage 1.
+      where: optional bool ``[N]``; ``False`` rows are excluded.
+
+    Returns:
+      float32 scalar in [0, 1].
+
+    References:
+      [1] Y. Geifman, R. El-Yaniv, "Selective Classification for Deep Neural
+      Networks", NeurIPS 2017, arXiv:1705.08500v1 (selection with a target
+      risk: the largest coverage whose risk meets it).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> print(f"{float(metrics.coverage_at_risk(probs, labels, risk=0.25)):.4f}")
+      1.0000
+    """
+    r = jnp.asarray(risk)
+    if r.ndim != 0:
+        raise ValueError(f"risk must be a scalar in [0, 1], got shape {r.shape}.")
+    if _validate.is_concrete(r):
+        _fraction("risk", float(r), allow_zero=True)
+    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+    return _coverage_at_risk_core(probs, labels, where, r.astype(jnp.float32))

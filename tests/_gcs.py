@@ -84,6 +84,7 @@ class Emulator:
         return data if raw else json.loads(data)
 
     def create_bucket(self, name: str) -> None:
+        """Creates an empty bucket ``name``."""
         request = urllib.request.Request(
             f"{self.url}/storage/v1/b?project=test",
             data=json.dumps({"name": name}).encode(),
@@ -94,6 +95,7 @@ class Emulator:
             r.read()
 
     def buckets(self) -> list[str]:
+        """Names of every bucket."""
         return [b["name"] for b in self._get("b?project=test").get("items", [])]
 
     def objects(self, bucket: str, prefix: str = "") -> list[str]:
@@ -115,6 +117,7 @@ class Emulator:
         return self._get(f"b/{bucket}/o/{quoted}?alt=media", raw=True)
 
     def delete(self, bucket: str, name: str) -> None:
+        """Deletes one object."""
         quoted = urllib.parse.quote(name, safe="")
         request = urllib.request.Request(
             f"{self.url}/storage/v1/b/{bucket}/o/{quoted}", method="DELETE"
@@ -123,6 +126,7 @@ class Emulator:
             r.read()
 
     def stop(self) -> None:
+        """Ends the emulator (SIGTERM, then SIGKILL after 10 s)."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -310,7 +310,6 @@ def _cifar100_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
     if not data_dir:
         raise ValueError("cifar100_corrupted needs data_dir. " + layout)
     root = storage.as_path(data_dir, what="data_dir")
-    storage.check_reachable(root, what="data_dir")
     labels_path = root / "labels.npy"
     files = sorted(p for p in root.glob("*.npy") if p.name != "labels.npy")
     if not root.is_dir() or not labels_path.exists() or not files:
@@ -376,13 +375,13 @@ def get_dataset(name: str, *, data_dir: str | None = None, **kwargs) -> Dataset:
       A :class:`Dataset`.
 
     Raises:
-      ValueError: unknown name, or missing/empty data (the message says how
-        to prepare it).
+      ValueError: unknown name, a malformed ``data_dir`` URL or unreachable
+        bucket, or missing/empty data (the message says how to prepare it).
     """
     if name not in DATASETS:
         raise ValueError(
             f"Unknown dataset '{name}'. Valid datasets: {', '.join(DATASETS)}."
         )
-    if data_dir:  # a malformed URL fails here, naming it, not as "no data found"
-        storage.as_path(data_dir, what="data_dir")
+    if data_dir:  # a malformed URL or missing bucket: named here, not "no data"
+        storage.check_reachable(data_dir, what="data_dir")
     return DATASETS[name](data_dir=data_dir, **kwargs)

@@ -12,6 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from calib_jax.conformal._scores import check_alpha
 
@@ -122,21 +123,19 @@ def _check_strata(strata) -> tuple[tuple[int, float], ...]:
         ) from None
     if not pairs:
         raise ValueError("strata must hold at least one (low, high) pair.")
+
+    def is_int(v):
+        return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
     out = []
     for lo, hi in pairs:
         top = math.inf if hi is None else hi
-        if (
-            isinstance(lo, bool)
-            or not isinstance(lo, int)
-            or not (hi is None or (isinstance(hi, int) and not isinstance(hi, bool)))
-            or lo < 0
-            or top < lo
-        ):
+        if not is_int(lo) or not (hi is None or is_int(hi)) or lo < 0 or top < lo:
             raise ValueError(
                 "each stratum must be (low, high) with ints 0 <= low <= high "
                 f"(high None = unbounded), got {(lo, hi)!r}."
             )
-        out.append((lo, top))
+        out.append((int(lo), top if hi is None else int(hi)))
     return tuple(out)
 
 

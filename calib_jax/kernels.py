@@ -156,18 +156,21 @@ class use:
     """
 
     def __init__(self, mode: str, families: str | Iterable[str] | None = None):
-        _check_mode(mode, "mode")
-        if families is None:
-            # '*' replaces everything set so far.
-            new = {"*": mode}
-        else:
-            if isinstance(families, str):
-                families = (families,)
-            new = dict(_OVERRIDE.value)
-            new.update({_check_family(f): mode for f in families})
-        self._context = _OVERRIDE(tuple(sorted(new.items())))
+        self._mode = _check_mode(mode, "mode")
+        if isinstance(families, str):
+            families = (families,)
+        self._families = None if families is None else tuple(families)
+        for family in self._families or ():
+            _check_family(family)
+        self._context = None
 
     def __enter__(self) -> None:
+        if self._families is None:
+            new = {"*": self._mode}  # replaces everything set so far
+        else:
+            new = dict(_OVERRIDE.value)
+            new.update({f: self._mode for f in self._families})
+        self._context = _OVERRIDE(tuple(sorted(new.items())))
         self._context.__enter__()
 
     def __exit__(self, *exc) -> None:

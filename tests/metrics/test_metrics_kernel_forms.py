@@ -49,17 +49,15 @@ def test_binned_metrics_match_float64(mode, k10):
         _close(metrics.rmsce(pp, pl, where=w), ref.ece(probs, labels, p=2))
         _close(metrics.mce(pp, pl, where=w), ref.ece(probs, labels, p="inf"))
         _close(metrics.accuracy(pp, pl, where=w), ref.accuracy(probs, labels))
-        _close(
-            metrics.classwise_ece(pp, pl, where=w), ref.classwise_ece(probs, labels)
-        )
+        _close(metrics.classwise_ece(pp, pl, where=w), ref.classwise_ece(probs, labels))
         # K = 64: the blocked packed-key reduction (metric_top_label_blocks).
         _close(metrics.ece(wide_p, wide_y), ref.ece(wide_p, wide_y))
         _close(metrics.accuracy(wide_p, wide_y), ref.accuracy(wide_p, wide_y))
-        for preset in ("focal_calibration", "torchmetrics"):
-            _close(
-                metrics.classwise_ece(pp, pl, where=w, convention=preset),
-                ref.classwise_ece(probs, labels, preset=preset),
-            )
+        # Exact zeros in no bin: every bin is scattered (no derived first bin).
+        _close(
+            metrics.classwise_ece(pp, pl, where=w, convention="focal_calibration"),
+            ref.classwise_ece(probs, labels, preset="focal_calibration"),
+        )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -71,9 +69,7 @@ def test_sort_based_metrics_match_float64(mode, k10):
         _close(metrics.ks_error(pp, pl, where=w), ref.ks_error(probs, labels))
         _close(metrics.aurc(pp, pl, where=w), ref.aurc(probs, labels))
         _close(metrics.aurc(tp, ty), ref.aurc(tp, ty))
-        _close(
-            metrics.adaptive_ece(tp, ty), ref.ece(tp, ty, binning="mass", m=15)
-        )
+        _close(metrics.adaptive_ece(tp, ty), ref.ece(tp, ty, binning="mass", m=15))
         s_in, s_out = probs[:120].max(1), probs[120:].max(1)
         s_out[:10] = s_in[:10]  # ties between the two sets count half
         _close(metrics.ood_auroc(s_in, s_out), ref.ood_auroc(s_in, s_out))
@@ -93,9 +89,10 @@ def test_radix_select_family_matches_float64(mode):
     conf = probs.max(1).astype(np.float64)
     correct = (probs.argmax(1) == labels).astype(np.float64)
     bins = _sorted_cut_bins(conf, where, 15)
-    expected = sum(
-        abs(conf[bins == b].sum() - correct[bins == b].sum()) for b in range(15)
-    ) / where.sum()
+    expected = (
+        sum(abs(conf[bins == b].sum() - correct[bins == b].sum()) for b in range(15))
+        / where.sum()
+    )
     with kernels.use(mode, "metric_radix_select"):
         got = metrics.adaptive_ece(probs, labels, where=where)
     np.testing.assert_allclose(float(got), expected, rtol=1e-5)
@@ -119,10 +116,10 @@ def test_counts_are_identical_and_sums_close_across_forms(k10):
 def test_auto_on_cpu_is_the_tuned_program_bit_for_bit(k10):
     pp, pl, w = k10
     wide_p, wide_y = with_max_ties(*softmax_case(n=200, k=64, seed=4))
+    # Families whose off-CPU entry is 'plain' trace both forms under 'auto'.
     calls = (
         lambda: metrics.ece(pp, pl, where=w),
         lambda: metrics.classwise_ece(pp, pl, where=w),
-        lambda: metrics.aurc(pp, pl, where=w),
         lambda: metrics.ece(wide_p, wide_y),
     )
     for call in calls:

@@ -17,6 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from calib_jax import kernels
 from calib_jax.posthoc import _blocked, _core, _validate
 
 OBJECTIVES = ("nll", "sb_ece", "hb_ece", "ece_grid")
@@ -268,9 +269,20 @@ def nll_of_log_t(u, z, m, a, w):
     arguments are constants of the fit: ``z`` ``[N, K]`` logits, ``m`` ``[N]``
     row maxima, ``a = m - z_y`` ``[N]`` and weights ``w`` ``[N]``; no
     derivative is provided for them (callers stop their gradients).
+
+    Kernel family ``'posthoc_temperature'`` (:mod:`calib_jax.kernels`): the
+    plain formulation is :func:`nll_of_log_t_plain`; float64 reference in
+    ``tests/_reference_posthoc.py``.
     """
     s = jnp.exp(-u)
     big_s = _blocked.exp_sums(z, m, s, with_w=False)
+    return jnp.sum(w * (jnp.log(big_s) + s * a))
+
+
+def nll_of_log_t_plain(u, z, m, a, w):
+    """Plain :func:`nll_of_log_t`: one pass over ``z`` and JAX autodiff in ``u``."""
+    s = jnp.exp(-u)
+    big_s = _blocked.exp_sums_plain(z, m, s, with_w=False)
     return jnp.sum(w * (jnp.log(big_s) + s * a))
 
 
@@ -301,7 +313,9 @@ def nll_objective(logits, labels, weights):
     m = jnp.max(z, axis=-1)
     a = m - _core.pick(z, labels)
     w = jax.lax.stop_gradient(weights)
-    return lambda u: nll_of_log_t(u, z, m, a, w)
+    return lambda u: kernels.select(
+        "posthoc_temperature", nll_of_log_t, nll_of_log_t_plain, u, z, m, a, w
+    )
 
 
 def fit_log_t_nll(logits, labels, weights, u0, *, max_iter, tol=1e-6):
@@ -338,9 +352,16 @@ def top_confidence_of_log_t(u, z, m):
         \frac{\partial c_n}{\partial u} = s\,\frac{W_n(s)}{S_n(s)^2}
         \le 0, \qquad s = e^{-u},
 
-    with :math:`S, W` of ``_blocked.py``.
+    with :math:`S, W` of ``_blocked.py``. Kernel family
+    ``'posthoc_temperature'``: the plain formulation is
+    :func:`top_confidence_of_log_t_plain`.
     """
     return _blocked.top_confidence(z, m, jnp.exp(-u))
+
+
+def top_confidence_of_log_t_plain(u, z, m):
+    """Plain :func:`top_confidence_of_log_t`: one pass and JAX autodiff."""
+    return 1.0 / _blocked.exp_sums_plain(z, m, jnp.exp(-u), with_w=False)
 
 
 @top_confidence_of_log_t.defjvp
@@ -382,7 +403,14 @@ def sb_ece_objective(logits, labels, where, *, num_bins, temperature, p, kind):
     mask = jnp.ones(m.shape, bool) if where is None else jnp.asarray(where, bool)
 
     def objective(u):
-        conf = top_confidence_of_log_t(u, z, m)
+        conf = kernels.select(
+            "posthoc_temperature",
+            top_confidence_of_log_t,
+            top_confidence_of_log_t_plain,
+            u,
+            z,
+            m,
+        )
         return sb_ece_from_confidences(
             conf, correct, mask, temperature, p, num_bins=num_bins, kind=kind
         )

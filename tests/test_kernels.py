@@ -21,18 +21,23 @@ def _no_env(monkeypatch):
 def test_table_covers_every_family_with_a_valid_choice():
     assert set(kernels.OFF_CPU) == set(kernels.FAMILIES)
     assert set(kernels.OFF_CPU.values()) <= {"tuned", "plain"}
-    # The docstring table names every family with its off-CPU choice last.
+    assert set(kernels.GPU) == set(kernels.FAMILIES)
+    assert set(kernels.GPU.values()) <= {"tuned", "plain"}
+    # The docstring table names every family with its TPU and GPU choices.
     rows = [line.split() for line in kernels.__doc__.splitlines()]
-    table = {r[0]: r[-1] for r in rows if r and r[0] in kernels.FAMILIES}
-    assert table == kernels.OFF_CPU
+    tpu = {r[0]: r[-3] for r in rows if r and r[0] in kernels.FAMILIES}
+    gpu = {r[0]: r[-1] for r in rows if r and r[0] in kernels.FAMILIES}
+    assert tpu == kernels.OFF_CPU
+    assert gpu == kernels.GPU
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_default_is_tuned_on_cpu_and_the_table_elsewhere(family):
     assert kernels.mode(family) == "auto"
     assert kernels.choice(family, "cpu") == "tuned"
-    for platform in ("tpu", "cuda", "rocm"):
-        assert kernels.choice(family, platform) == kernels.OFF_CPU[family]
+    assert kernels.choice(family, "tpu") == kernels.OFF_CPU[family]
+    for platform in ("cuda", "rocm"):
+        assert kernels.choice(family, platform) == kernels.GPU[family]
 
 
 def test_use_overrides_all_or_some_families_and_restores():
@@ -105,12 +110,28 @@ def test_auto_with_a_plain_table_entry_keeps_the_tuned_branch_on_cpu(monkeypatch
     np.testing.assert_array_equal(f(jnp.zeros(3)), 1.0)
     # Both formulations were traced; the CPU lowering kept the tuned one.
     assert sorted(traces) == ["plain", "tuned"]
-    # Lowered for another platform, the plain formulation is kept.
-    exported = jax.export.export(f, platforms=["cuda"])(
+    # Lowered for a TPU, the plain formulation is kept.
+    exported = jax.export.export(f, platforms=["tpu"])(
         jax.ShapeDtypeStruct((3,), jnp.float32)
     )
     text = exported.mlir_module()
     assert "2.000000e+00" in text and "1.000000e+00" not in text
+
+
+def test_gpu_column_is_separate_from_the_tpu_column(monkeypatch):
+    monkeypatch.setitem(kernels.OFF_CPU, "loss_mdca", "tuned")
+    monkeypatch.setitem(kernels.GPU, "loss_mdca", "plain")
+    f = _toy([])
+    spec = jax.ShapeDtypeStruct((3,), jnp.float32)
+
+    def constants(platform):
+        text = jax.export.export(f, platforms=[platform])(spec).mlir_module()
+        return "1.000000e+00" in text, "2.000000e+00" in text
+
+    assert constants("cpu") == (True, False)  # tuned
+    assert constants("tpu") == (True, False)  # tuned
+    assert constants("cuda") == (False, True)  # plain
+    assert constants("rocm") == (False, True)
 
 
 def test_a_real_family_lowers_to_its_plain_formulation_off_the_cpu(monkeypatch):

@@ -54,14 +54,15 @@ def _binary_map(params, v, cls):
 
 def apply_top_label(params, logits):
     """``apply_fn`` of top-label histogram binning (log-probabilities)."""
-    logp, pred, conf = _reduction.scores(logits)
+    pred, conf = _reduction.top_label(logits)
+    logp = jax.nn.log_softmax(logits, axis=-1)
     return _reduction.top_label_output(logp, pred, _binary_map(params, conf, pred))
 
 
 def apply_one_vs_rest(params, logits):
     """``apply_fn`` of one-vs-rest histogram binning (log-probabilities)."""
     n, k = logits.shape
-    p = jax.nn.softmax(logits, axis=-1)
+    p = _reduction.probabilities(logits)
     cls = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32)[None, :], (n, k))
     return _reduction.one_vs_rest_output(_binary_map(params, p, cls))
 
@@ -184,25 +185,35 @@ def fit_histogram_binning(
     _validate.check_choice("binning", binning, BINNINGS)
     logits, labels, where = _validate.check_inputs(logits, labels, where)
     num_bins = _validate.check_positive_int("num_bins", num_bins)
+    if variant == "top_label":
+        cls, v = _reduction.top_label(logits)
+    else:
+        cls, v = None, _reduction.probabilities(logits)
     params = _fit(
-        logits, labels, where, variant=variant, num_bins=num_bins, binning=binning
+        v,
+        cls,
+        labels,
+        where,
+        num_classes=logits.shape[1],
+        num_bins=num_bins,
+        binning=binning,
     )
     _validate.warn_if_suspicious(logits, labels, where, name="histogram_binning")
     return params
 
 
-@functools.partial(jax.jit, static_argnames=("variant", "num_bins", "binning"))
-def _fit(logits, labels, where, *, variant, num_bins, binning):
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-    n, k = logits.shape
+@functools.partial(jax.jit, static_argnames=("num_classes", "num_bins", "binning"))
+def _fit(v, cls, labels, where, *, num_classes, num_bins, binning):
+    """Top-label (``v`` confidences ``[N]``, ``cls`` predictions ``[N]``) or
+    one-vs-rest (``v`` probabilities ``[N, K]``, ``cls`` None) binning."""
+    variant = "one_vs_rest" if cls is None else "top_label"
+    n, k = labels.shape[0], num_classes
     labels = labels.astype(jnp.int32)
     keep = jnp.ones((n,), bool) if where is None else jnp.asarray(where, bool)
     columns = jnp.arange(k, dtype=jnp.int32)
     if variant == "top_label":
-        cls, v = _reduction.top_label(logits)
         group = jnp.where(keep, cls, k)
     else:
-        v = jax.nn.softmax(logits, axis=-1)
         cls = jnp.broadcast_to(columns[None, :], (n, k))
         group = jnp.where(keep[:, None], cls, k)
     v = v.astype(jnp.float32)

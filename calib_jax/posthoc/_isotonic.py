@@ -31,14 +31,15 @@ def _binary_map(params, v, cls):
 
 def apply_top_label(params, logits):
     """``apply_fn`` of top-label isotonic regression (log-probabilities)."""
-    logp, pred, conf = _reduction.scores(logits)
+    pred, conf = _reduction.top_label(logits)
+    logp = jax.nn.log_softmax(logits, axis=-1)
     return _reduction.top_label_output(logp, pred, _binary_map(params, conf, pred))
 
 
 def apply_one_vs_rest(params, logits):
     """``apply_fn`` of one-vs-rest isotonic regression (log-probabilities)."""
     n, k = logits.shape
-    p = jax.nn.softmax(logits, axis=-1)
+    p = _reduction.probabilities(logits)
     cls = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32)[None, :], (n, k))
     return _reduction.one_vs_rest_output(_binary_map(params, p, cls))
 
@@ -166,7 +167,10 @@ def fit_isotonic(
     keep = None if where is None else np.asarray(where)
     on_host = jax.default_backend() == "cpu"
     if variant == "top_label":
-        cls, keys = _top_label_keys(logits, labels, where, sort=not on_host)
+        pred, conf = _reduction.top_label(logits)
+        cls, keys = _top_label_keys(
+            pred, conf, labels, where, num_classes=k, sort=not on_host
+        )
         cls, keys = np.asarray(cls), np.array(keys)
         counts = np.bincount(cls, minlength=k + 1)[:k]
         if on_host:
@@ -181,7 +185,8 @@ def fit_isotonic(
             for g in groups:
                 g.sort()
     else:
-        keys = np.array(_one_vs_rest_keys(logits, labels, where, sort=not on_host))
+        p = _reduction.probabilities(logits)
+        keys = np.array(_one_vs_rest_keys(p, labels, where, sort=not on_host))
         if on_host:
             keys.sort(axis=1)
         # Excluded rows carry the largest key and sort last.
@@ -206,26 +211,22 @@ def _pack(v, target):
     return (_reduction.float_bits(v) << 1) | target.astype(jnp.uint32)
 
 
-@functools.partial(jax.jit, static_argnames="sort")
-def _top_label_keys(logits, labels, where, *, sort):
+@functools.partial(jax.jit, static_argnames=("num_classes", "sort"))
+def _top_label_keys(pred, conf, labels, where, *, num_classes, sort):
     """``(class [N], key [N])``; excluded rows get class ``K``. With ``sort``,
     sorted by (class, key)."""
-    z = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-    _, pred, conf = _reduction.scores(z)
     keys = _pack(conf, pred == labels)
-    cls = pred if where is None else jnp.where(where, pred, z.shape[1])
+    cls = pred if where is None else jnp.where(where, pred, num_classes)
     if sort:
         cls, keys = jax.lax.sort((cls, keys), num_keys=2)
     return cls, keys
 
 
 @functools.partial(jax.jit, static_argnames="sort")
-def _one_vs_rest_keys(logits, labels, where, *, sort):
+def _one_vs_rest_keys(p, labels, where, *, sort):
     """uint32 ``[K, N]``: row ``k`` packs ``p_k`` with ``1[y = k]``; excluded
     rows get the largest key. With ``sort``, each row sorted."""
-    z = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-    p = jax.nn.softmax(z, axis=-1)
-    k = z.shape[1]
+    k = p.shape[1]
     keys = _pack(p, labels[:, None] == jnp.arange(k)[None, :])
     if where is not None:
         keys = jnp.where(where[:, None], keys, _EXCLUDED)

@@ -55,20 +55,24 @@ from jax import lax
 VARIANTS = ("top_label", "one_vs_rest")
 
 
-def scores(logits: jax.Array):
-    """``(log_probs [N, K], pred [N], conf [N])`` in float32 (or wider).
-
-    ``pred`` is the first arg-max of the logits (the library's correctness
-    rule) and ``conf = exp(log_probs[pred])`` the top-label confidence.
-    """
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    pred, conf = top_label(logits)
-    return logp, pred, conf
+# The scores are computed by these two jitted functions, both when fitting and
+# when applying a map, so that equal logits of the same shape give bit-equal
+# scores in both (an enclosing jit may fuse and round them differently).
 
 
+@jax.jit
+def probabilities(logits: jax.Array) -> jax.Array:
+    """Softmax probabilities ``[N, K]`` (float32 or wider)."""
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    return jax.nn.softmax(logits, axis=-1)
+
+
+@jax.jit
 def top_label(logits: jax.Array):
-    """``(pred [N], conf [N])``: first arg-max and :math:`1 / \\sum_k
-    e^{z_k - \\max z}`, without the ``[N, K]`` probabilities."""
+    """``(pred [N], conf [N])``: the first arg-max (the library's correctness
+    rule) and the top-label confidence :math:`1 / \\sum_k e^{z_k - \\max z}`,
+    without the ``[N, K]`` probabilities."""
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     m = jnp.max(logits, axis=-1, keepdims=True)
     pred = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     return pred, 1.0 / jnp.sum(jnp.exp(logits - m), axis=-1)

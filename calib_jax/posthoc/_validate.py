@@ -158,8 +158,9 @@ TEMPERATURE_RANGE = (0.05, 20.0)
 
 
 class SuspiciousFitWarning(UserWarning):
-    """A fit whose inputs look wrong: validation accuracy below chance, or a
-    fitted temperature outside :data:`TEMPERATURE_RANGE`."""
+    """A fit whose inputs look wrong: validation accuracy below chance, a
+    fitted temperature outside :data:`TEMPERATURE_RANGE`, or inputs whose
+    rows are probability vectors rather than logits."""
 
 
 _QUIET = contextvars.ContextVar("calib_jax_posthoc_quiet", default=False)
@@ -177,9 +178,14 @@ def quiet_fit_warnings():
 
 
 @jax.jit
-def _accuracy(logits, labels, where):
+def _fit_diagnostics(logits, labels, where):
+    """(accuracy, every included row looks like a probability vector)."""
     correct = (jnp.argmax(logits, axis=-1) == labels) & where
-    return jnp.sum(correct) / jnp.maximum(jnp.sum(where), 1)
+    accuracy = jnp.sum(correct) / jnp.maximum(jnp.sum(where), 1)
+    simplex = (jnp.min(logits, axis=-1) >= 0) & (
+        jnp.abs(jnp.sum(logits, axis=-1) - 1.0) <= 1e-3
+    )
+    return accuracy, jnp.all(simplex | ~where)
 
 
 def suspicious_fit_message(logits, labels, where=None, temperatures=None):
@@ -196,7 +202,13 @@ def suspicious_fit_message(logits, labels, where=None, temperatures=None):
     k = logits.shape[-1]
     mask = jnp.ones(labels.shape, bool) if where is None else jnp.asarray(where, bool)
     parts = []
-    acc = float(_accuracy(logits, labels, mask))
+    acc, simplex = jax.device_get(_fit_diagnostics(logits, labels, mask))
+    acc = float(acc)
+    if simplex:
+        parts.append(
+            "every row is non-negative and sums to 1: these look like "
+            "probabilities, not logits (pass logits, or log-probabilities)"
+        )
     if acc < 1.0 / k:
         parts.append(
             f"validation accuracy {acc:.4f} is below chance (1/K = {1.0 / k:.4f}): "
@@ -214,8 +226,8 @@ def suspicious_fit_message(logits, labels, where=None, temperatures=None):
         if t.size and np.nanmin(t) < lo:
             parts.append(
                 f"fitted temperature {np.nanmin(t):.4g} is below {lo:g}: the inputs "
-                "look like probabilities, not logits (pass logits or "
-                "log-probabilities)"
+                "spread far less than logits (probabilities or rescaled logits "
+                "passed as logits?)"
             )
     return "; ".join(parts) if parts else None
 

@@ -184,6 +184,12 @@ def fit_temperature(
       ValueError: unknown objective or option, bad shapes, and for concrete
         inputs NaN/inf logits, labels out of range, ``N = 0`` or ``K < 2``.
 
+    Warns:
+      SuspiciousFitWarning: (concrete inputs only) one line when the
+        validation accuracy is below chance (1/K) or :math:`T` lies outside
+        [0.05, 20]: labels misaligned with the logits (:math:`T \gg 1`, low
+        accuracy) or probabilities passed as logits (:math:`T \ll 1`).
+
     References:
       [1] C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, "On Calibration of
       Modern Neural Networks", ICML 2017, arXiv:1706.04599v2, Sec. 4.2.
@@ -203,6 +209,45 @@ def fit_temperature(
     """
     _validate.check_choice("objective", objective, OBJECTIVES)
     logits, labels, where = _validate.check_inputs(logits, labels, where)
+    t = _dispatch(
+        logits,
+        labels,
+        where,
+        objective=objective,
+        max_iter=max_iter,
+        tol=tol,
+        num_bins=num_bins,
+        p=p,
+        sb_temperature=sb_temperature,
+        sb_kind=sb_kind,
+        search_range=search_range,
+        grid_size=grid_size,
+        levels=levels,
+        convention=convention,
+    )
+    _validate.warn_if_suspicious(
+        logits, labels, where, name="fit_temperature", temperatures=t
+    )
+    return t
+
+
+def _dispatch(
+    logits,
+    labels,
+    where,
+    *,
+    objective,
+    max_iter,
+    tol,
+    num_bins,
+    p,
+    sb_temperature,
+    sb_kind,
+    search_range,
+    grid_size,
+    levels,
+    convention,
+):
     max_iter = _validate.check_positive_int("max_iter", max_iter)
     num_bins = _validate.check_positive_int("num_bins", num_bins)
     if objective == "nll":

@@ -20,10 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_registry_names_and_unknown_name():
     assert set(posthoc.CALIBRATORS) == {
         "ts", "ets", "pts", "cts", "vector", "matrix", "dirichlet",
+        "histogram_binning", "isotonic", "platt", "beta",
         "ts+classwise", "ets+classwise", "pts+classwise", "cts+classwise",
     }  # fmt: skip
-    with pytest.raises(ValueError, match=r"unknown calibrator 'platt'.*ts:sb_ece"):
-        posthoc.get_calibrator("platt")
+    with pytest.raises(ValueError, match=r"unknown calibrator 'bogus'.*ts:sb_ece"):
+        posthoc.get_calibrator("bogus")
     with pytest.raises(ValueError, match="unknown TS objective 'mse'"):
         posthoc.get_calibrator("ts:mse")
     with pytest.raises(ValueError, match="unknown calibrator 'vector\\+classwise'"):
@@ -154,7 +155,7 @@ def test_cli_bad_inputs_fail_with_one_line_and_no_traceback(files):
         (files / "no_labels.npz", test, "ts"),
         "has no array 'labels' \\(it has: logits, targets\\)",
     )
-    cases["unknown_method"] = ((val, test, "platt"), "unknown calibrator 'platt'")
+    cases["unknown_method"] = ((val, test, "bogus"), "unknown calibrator 'bogus'")
     cases["missing_file"] = ((files / "nope.npz", test, "ts"), "does not exist")
     procs = {
         name: _cli(

@@ -64,44 +64,38 @@ _COLUMNS = (
 
 
 def _define(fv: flags.FlagValues) -> None:
+    """Defines the command's flags in ``fv``."""
     from calib_jax.posthoc._temperature import OBJECTIVES
 
-    def string(name, help_):
-        flags.DEFINE_string(name, None, help_, flag_values=fv)
-
-    string("workdir", "a training run's workdir: fit on its val logits, score "
-           "test and every shift (instead of --val/--test)")  # fmt: skip
-    string("val", "validation .npz (the fit set)")
-    string("test", "test .npz (the evaluation set)")
+    kw = {"flag_values": fv}
+    flags.DEFINE_string(
+        "workdir",
+        None,
+        "a training run's workdir: fit on its val logits, score its test and "
+        "every shift (instead of --val/--test)",
+        **kw,
+    )
+    flags.DEFINE_string("val", None, "validation .npz (the fit set)", **kw)
+    flags.DEFINE_string("test", None, "test .npz (the evaluation set)", **kw)
     flags.DEFINE_multi_string(
         "method",
         [],
         "calibrator(s), repeatable or comma-separated: ts, ts:<objective>, ets, "
         "pts, cts, vector, matrix, dirichlet, histogram_binning, isotonic, "
         "platt, beta (K = 2), and <ts|ts:nll|ets|pts|cts>+classwise",
-        flag_values=fv,
+        **kw,
     )
     flags.DEFINE_enum(
-        "objective",
-        None,
-        OBJECTIVES,
-        "objective of a bare 'ts' method (default nll)",
-        flag_values=fv,
-    )
-    string("out", "output directory (default RUN/posthoc, or <test>_posthoc)")
-    flags.DEFINE_bool("overwrite", False, "replace existing outputs", flag_values=fv)
-    flags.DEFINE_integer(
-        "seed", 0, "initialisation seed (PTS)", lower_bound=0, flag_values=fv
-    )
-    flags.DEFINE_integer(
-        "num_bins", 15, "bins of the ECE metrics", lower_bound=1, flag_values=fv
+        "objective", None, OBJECTIVES, "objective of a bare 'ts' (default nll)", **kw
     )
     flags.DEFINE_string(
-        "logits_key", "logits", "array name of the logits", flag_values=fv
+        "out", None, "output directory (default RUN/posthoc or <test>_posthoc)", **kw
     )
-    flags.DEFINE_string(
-        "labels_key", "labels", "array name of the labels", flag_values=fv
-    )
+    flags.DEFINE_bool("overwrite", False, "replace existing outputs", **kw)
+    flags.DEFINE_integer("seed", 0, "initialisation seed (PTS)", lower_bound=0, **kw)
+    flags.DEFINE_integer("num_bins", 15, "bins of the ECE metrics", lower_bound=1, **kw)
+    flags.DEFINE_string("logits_key", "logits", "array name of the logits", **kw)
+    flags.DEFINE_string("labels_key", "labels", "array name of the labels", **kw)
 
 
 class _Help(Exception):

@@ -245,6 +245,11 @@ def test_bad_workdirs_and_flags_are_one_line(tmp_path, capsys):
         assert len(_lines(stderr)) == 1, (argv, stderr)
         assert stderr.startswith("error: ") and message in stderr, (argv, stderr)
         assert stdout == ""
+    code, stdout, stderr = _run(capsys, "--help")
+    assert code == 0 and stderr == ""
+    assert stdout.startswith("usage: python -m calib_jax.posthoc (--workdir RUN |")
+    for flag in ("workdir", "val", "test", "method", "out", "overwrite", "num_bins"):
+        assert f"--{flag}:" in stdout or f"--[no]{flag}:" in stdout
     for run in (good, empty, config_only, unfinished, no_val, nan, narrow):
         assert not (storage.as_path(run) / "posthoc").exists()
     assert not (tmp_path / "r.json").exists()

@@ -204,7 +204,7 @@ def histogram_binning_binary(scores, targets, num_bins, binning="equal_mass"):
         thr = equal_mass_thresholds(v, num_bins)
     else:
         thr = np.arange(1, num_bins) / num_bins
-    bins = np.array([np.sum(x > thr) for x in v], int)
+    bins = np.sum(v[:, None] > thr[None, :], axis=1)
     values = np.full(num_bins, np.nan)
     for b in range(num_bins):
         if np.any(bins == b):
@@ -219,7 +219,7 @@ def histogram_binning_binary(scores, targets, num_bins, binning="equal_mass"):
 
 def histogram_binning_predict(thr, values, v):
     v = np.asarray(v, np.float64)
-    return np.asarray(values)[[int(np.sum(x > thr)) for x in v]]
+    return np.asarray(values)[np.sum(v[:, None] > np.asarray(thr)[None, :], axis=1)]
 
 
 def top_label_reduction(probs_val, labels_val, probs_test, fit, predict):
@@ -237,15 +237,17 @@ def top_label_reduction(probs_val, labels_val, probs_test, fit, predict):
     yv = np.asarray(labels_val)
     pred_v, conf_v = pv.argmax(1), pv.max(1)
     pred_t, conf_t = pt.argmax(1), pt.max(1)
-    out = np.empty_like(pt)
-    for row in range(pt.shape[0]):
-        l = pred_t[row]
+    calibrated = conf_t.copy()
+    for l in np.unique(pred_t):
         sel = pred_v == l
         if sel.any():
             model = fit(conf_v[sel], (yv[sel] == l).astype(float))
-            c = float(predict(model, np.array([conf_t[row]]))[0])
-        else:
-            c = conf_t[row]
+            rows = pred_t == l
+            calibrated[rows] = predict(model, conf_t[rows])
+    out = np.empty_like(pt)
+    for row in range(pt.shape[0]):
+        l = pred_t[row]
+        c = calibrated[row]
         rest = pt[row].sum() - pt[row, l]  # 1 - confidence, without cancellation
         if rest > 0:
             out[row] = pt[row] * (1.0 - c) / rest

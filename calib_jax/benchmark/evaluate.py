@@ -119,9 +119,13 @@ def cell_rows(
       Rows ``{method, calibrator, seed, shift, corruption, severity, **metrics}``
       with ``shift='clean'`` (severity 0) for the test set and
       ``'<corruption>/<severity>'`` for shifted sets; the validation set is
-      only fitted on, never scored.
+      only fitted on, never scored. Binary-only calibrators (``'platt'``,
+      ``'beta'``) give no rows when K != 2.
     """
+    from calib_jax.benchmark import grid
+
     val_z, val_y = logits["val"]
+    calibrators = grid.applicable(calibrators, val_z.shape[-1])
     splits = [s for s in logits if s != "val"]
     splits.sort(key=lambda s: (s != "test", s))
     groups: dict[tuple, list[str]] = {}

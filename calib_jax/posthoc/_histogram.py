@@ -189,7 +189,7 @@ def fit_histogram_binning(
         cls, v = _reduction.top_label(logits)
     else:
         cls, v = None, _reduction.probabilities(logits)
-    params = _fit(
+    params, accuracy = _fit(
         v,
         cls,
         labels,
@@ -198,7 +198,9 @@ def fit_histogram_binning(
         num_bins=num_bins,
         binning=binning,
     )
-    _validate.warn_if_suspicious(logits, labels, where, name="histogram_binning")
+    _validate.warn_if_suspicious(
+        logits, labels, where, name="histogram_binning", accuracy=accuracy
+    )
     return params
 
 
@@ -206,7 +208,8 @@ def fit_histogram_binning(
 def _fit(v, cls, labels, where, *, num_classes, num_bins, binning):
     """Top-label (``v`` confidences ``[N]``, ``cls`` predictions ``[N]``) or
     one-vs-rest (``v`` probabilities ``[N, K]``, ``cls`` None) binning."""
-    variant = "one_vs_rest" if cls is None else "top_label"
+    cls_given = cls is not None
+    variant = "top_label" if cls_given else "one_vs_rest"
     n, k = labels.shape[0], num_classes
     labels = labels.astype(jnp.int32)
     keep = jnp.ones((n,), bool) if where is None else jnp.asarray(where, bool)
@@ -262,11 +265,14 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning):
         )
         count = jnp.diff(edges, axis=1)
     values = hits.astype(jnp.float32) / jnp.maximum(count, 1).astype(jnp.float32)
-    return {
+    params = {
         "thresholds": thresholds.astype(jnp.float32),
         "values": _fill_empty(values, count > 0),
         "fitted": sizes > 0,
     }
+    # Top-label hits are the correct predictions: the accuracy comes free.
+    accuracy = jnp.sum(hits) / jnp.maximum(jnp.sum(count), 1) if cls_given else None
+    return params, accuracy
 
 
 def _fill_empty(values, nonempty):

@@ -173,6 +173,8 @@ def fit_isotonic(
         )
         cls, keys = np.asarray(cls), np.array(keys)
         counts = np.bincount(cls, minlength=k + 1)[:k]
+        correct = keys & np.uint32(1)
+        accuracy = correct.sum() / max(int(counts.sum()), 1) if keep is None else None
         if on_host:
             # Group the rows by class (a radix sort of small ints), then sort
             # each class's keys in place: NumPy's sort is much faster than
@@ -192,12 +194,15 @@ def fit_isotonic(
         # Excluded rows carry the largest key and sort last.
         n_keep = keys.shape[1] if keep is None else int(keep.sum())
         groups = list(keys[:, :n_keep])
+        accuracy = None
     knots = [_knots(g) for g in groups]
     length = max(2, max(len(x) for x, _ in knots))
     xs = np.stack([_pad(x, length) for x, _ in knots])
     ys = np.stack([_pad(y, length) for _, y in knots])
     params = {"x": jnp.asarray(xs), "y": jnp.asarray(ys)}
-    _validate.warn_if_suspicious(logits, labels, where, name="isotonic")
+    _validate.warn_if_suspicious(
+        logits, labels, where, name="isotonic", accuracy=accuracy
+    )
     return params
 
 
@@ -235,46 +240,57 @@ def _one_vs_rest_keys(p, labels, where, *, sort):
 
 
 def _knots(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Knots ``(x, y)`` of the isotonic fit of sorted packed keys."""
+    """Knots ``(x, y)`` of the isotonic fit of sorted packed keys.
+
+    The least-squares isotonic fit gives equal values to adjacent points with
+    equal targets (and, after pooling ties, to adjacent tie groups with equal
+    means), so the PAV input can be the runs of equal targets in score order,
+    except that a tie group holding both targets (its 0s sort before its 1s)
+    must be one block of its own: the run boundary inside it is replaced by
+    boundaries at its two ends. Pooling only equal-valued neighbours keeps the
+    solution exact; it makes the PAV input (and the work here) the number of
+    runs instead of the number of points.
+    """
     from scipy.optimize import isotonic_regression
 
     n = keys.size
     if n == 0:
         return np.array([0.0, 1.0], np.float32), np.array([0.0, 1.0], np.float32)
+    target = keys & np.uint32(1)
+    change = np.flatnonzero(target[1:] != target[:-1]) + 1  # run starts after 0
     xb = keys >> np.uint32(1)
-    # Ties in the score: groups of equal xb; their positives from a cumsum.
-    new = np.empty(n, bool)
-    new[0] = True
-    np.not_equal(xb[1:], xb[:-1], out=new[1:])
-    starts = np.flatnonzero(new)
-    csum = np.empty(n + 1, np.int64)
-    csum[0] = 0
-    np.cumsum(keys & np.uint32(1), out=csum[1:])
-    bounds = np.append(starts, n)
-    pos = np.diff(csum[bounds])
+    mixed = xb[change] == xb[change - 1]  # a run boundary inside a tie group
+    if mixed.any():
+        tied = xb[change[mixed]]
+        ends = np.concatenate(
+            [np.searchsorted(xb, tied, "left"), np.searchsorted(xb, tied, "right")]
+        )
+        # Two sorted runs: a stable (merge) sort is linear; then drop repeats.
+        change = np.concatenate(
+            [change[~mixed], np.sort(ends[(ends > 0) & (ends < n)])]
+        )
+        change.sort(kind="stable")
+        change = change[np.append(True, change[1:] != change[:-1])]
+    bounds = np.concatenate([[0], change, [n]])
     count = np.diff(bounds)
-    mean = pos / count
-    x = xb[starts].view(np.float32)
-    # Adjacent points with equal means get equal fitted values (a property of
-    # the least-squares isotonic fit), so pooling them first is exact and
-    # shortens the PAV input (e.g. long runs of correct predictions).
-    run = np.empty(mean.size, bool)
-    run[0] = True
-    np.not_equal(mean[1:], mean[:-1], out=run[1:])
-    run_starts = np.flatnonzero(run)
-    run_bounds = bounds[np.append(run_starts, mean.size)]
-    run_count = np.diff(run_bounds)
-    run_pos = np.diff(csum[run_bounds])
-    fitted = isotonic_regression(run_pos / run_count, weights=run_count).x
+    first_target = target[bounds[:-1]].astype(np.int64)
+    pos = first_target * count
+    if mixed.any():
+        # Blocks that are mixed tie groups: their positives by a search.
+        start_x = xb[bounds[:-1]]
+        is_group = (first_target == 0) & (xb[bounds[1:] - 1] == start_x)
+        is_group &= target[bounds[1:] - 1] == 1
+        ones = np.searchsorted(keys, (start_x[is_group] << np.uint32(1)) | 1, "left")
+        pos[is_group] = bounds[1:][is_group] - ones
+    fitted = isotonic_regression(pos / count, weights=count).x
     # Blocks of equal fitted value; knots at their first and last score.
     block = np.empty(fitted.size, bool)
     block[0] = True
     np.not_equal(fitted[1:], fitted[:-1], out=block[1:])
     block_starts = np.flatnonzero(block)
-    first = x[run_starts[block_starts]]
-    last_run = np.append(block_starts[1:], fitted.size) - 1
-    run_ends = np.append(run_starts[1:], x.size) - 1
-    last = x[run_ends[last_run]]
+    block_bounds = bounds[np.append(block_starts, fitted.size)]
+    first = xb[block_bounds[:-1]].view(np.float32)
+    last = xb[block_bounds[1:] - 1].view(np.float32)
     value = fitted[block_starts].astype(np.float32)
     kx = np.stack([first, last], axis=1).reshape(-1)
     ky = np.repeat(value, 2)

@@ -177,18 +177,30 @@ def quiet_fit_warnings():
         _QUIET.reset(token)
 
 
+# Rows checked for "probabilities passed as logits" (the first ones): real
+# logits whose first 1024 rows all lie on the simplex do not occur.
+_SIMPLEX_ROWS = 1024
+
+
 @jax.jit
-def _fit_diagnostics(logits, labels, where):
-    """(accuracy, every included row looks like a probability vector)."""
-    correct = (jnp.argmax(logits, axis=-1) == labels) & where
-    accuracy = jnp.sum(correct) / jnp.maximum(jnp.sum(where), 1)
+def _simplex_rows(logits, where):
+    """Whether the first included rows all look like probability vectors."""
+    logits, where = logits[:_SIMPLEX_ROWS], where[:_SIMPLEX_ROWS]
     simplex = (jnp.min(logits, axis=-1) >= 0) & (
         jnp.abs(jnp.sum(logits, axis=-1) - 1.0) <= 1e-3
     )
-    return accuracy, jnp.all(simplex | ~where)
+    return jnp.all(simplex | ~where) & jnp.any(where)
 
 
-def suspicious_fit_message(logits, labels, where=None, temperatures=None):
+@jax.jit
+def _accuracy(logits, labels, where):
+    correct = (jnp.argmax(logits, axis=-1) == labels) & where
+    return jnp.sum(correct) / jnp.maximum(jnp.sum(where), 1)
+
+
+def suspicious_fit_message(
+    logits, labels, where=None, temperatures=None, accuracy=None
+):
     """The reasons a fit looks wrong, joined in one line, or None.
 
     Args:
@@ -196,17 +208,20 @@ def suspicious_fit_message(logits, labels, where=None, temperatures=None):
       labels: concrete int ``[N]``.
       where: optional bool ``[N]``.
       temperatures: optional fitted temperature(s), scalar or array.
+      accuracy: the validation accuracy if the fitter already has it (saves
+        an arg-max pass).
     """
     logits = jnp.asarray(logits)
     labels = jnp.asarray(labels)
     k = logits.shape[-1]
     mask = jnp.ones(labels.shape, bool) if where is None else jnp.asarray(where, bool)
     parts = []
-    acc, simplex = jax.device_get(_fit_diagnostics(logits, labels, mask))
-    acc = float(acc)
-    if simplex:
+    if accuracy is None:
+        accuracy = _accuracy(logits, labels, mask)
+    acc = float(accuracy)
+    if bool(_simplex_rows(logits, mask)):
         parts.append(
-            "every row is non-negative and sums to 1: these look like "
+            "the rows are non-negative and sum to 1: these look like "
             "probabilities, not logits (pass logits, or log-probabilities)"
         )
     if acc < 1.0 / k:
@@ -232,7 +247,9 @@ def suspicious_fit_message(logits, labels, where=None, temperatures=None):
     return "; ".join(parts) if parts else None
 
 
-def warn_if_suspicious(logits, labels, where=None, *, name, temperatures=None):
+def warn_if_suspicious(
+    logits, labels, where=None, *, name, temperatures=None, accuracy=None
+):
     """Warns (:class:`SuspiciousFitWarning`, one line) when a fit looks wrong.
 
     Checks concrete inputs only (nothing under ``jax.jit``/``jax.vmap``) and
@@ -243,9 +260,10 @@ def warn_if_suspicious(logits, labels, where=None, *, name, temperatures=None):
       logits, labels, where: the validation data of the fit.
       name: what was fitted, first in the message (e.g. ``'fit_temperature'``).
       temperatures: optional fitted temperature(s).
+      accuracy: optional validation accuracy already computed by the fitter.
     """
     if _QUIET.get() or not is_concrete(logits, labels, where, temperatures):
         return
-    message = suspicious_fit_message(logits, labels, where, temperatures)
+    message = suspicious_fit_message(logits, labels, where, temperatures, accuracy)
     if message:
         warnings.warn(f"{name}: {message}.", SuspiciousFitWarning, stacklevel=3)

@@ -45,6 +45,7 @@ import numpy as np
 from absl import flags
 
 from calib_jax.posthoc import _cli_files as files
+from calib_jax.posthoc import _cli_report as report
 from calib_jax.posthoc._cli_files import UserError
 
 PROG = "python -m calib_jax.posthoc"
@@ -52,15 +53,6 @@ EXIT_USAGE = 2
 # Seconds between progress lines when stderr is not a terminal.
 LOG_INTERVAL = 30.0
 _HELP = ("-h", "--help", "-help", "--helpfull", "--helpshort")
-# (results.json key, table column)
-_COLUMNS = (
-    ("accuracy", "acc"),
-    ("nll", "nll"),
-    ("ece", "ece"),
-    ("adaptive_ece", "ada_ece"),
-    ("classwise_ece", "cw_ece"),
-    ("brier", "brier"),
-)
 
 
 def _define(fv: flags.FlagValues) -> None:
@@ -192,95 +184,6 @@ def _load(splits, fv) -> dict:
     return data
 
 
-def _metrics(probs, labels, num_bins) -> dict[str, float]:
-    from calib_jax import metrics
-
-    return {
-        "accuracy": float(metrics.accuracy(probs, labels)),
-        "nll": float(metrics.nll(probs, labels)),
-        "ece": float(metrics.ece(probs, labels, num_bins=num_bins)),
-        "adaptive_ece": float(metrics.adaptive_ece(probs, labels, num_bins=num_bins)),
-        "classwise_ece": float(metrics.classwise_ece(probs, labels, num_bins=num_bins)),
-        "brier": float(metrics.brier(probs, labels)),
-    }
-
-
-def _params_summary(cal, test_logits) -> dict:
-    if cal.name.startswith("pts"):
-        from calib_jax.posthoc._pts import sample_temperatures
-
-        t = np.asarray(sample_temperatures(cal.params, test_logits))
-        out = {
-            "test_T_mean": float(t.mean()),
-            "test_T_min": float(t.min()),
-            "test_T_max": float(t.max()),
-        }
-        out.update(cal.replace(params={}).summary())
-        return out
-    return cal.summary()
-
-
-def _short(summary: dict, width: int = 48) -> str:
-    parts = []
-    for key, value in summary.items():
-        if key in ("class_losses",):
-            continue
-        if isinstance(value, float):
-            parts.append(f"{key}={value:.4g}")
-        elif isinstance(value, list):
-            parts.append(f"{key}=[{', '.join(f'{v:.3g}' for v in value)}]")
-        elif isinstance(value, dict):
-            parts.append(
-                f"{key}~{value['mean']:.3g}[{value['min']:.3g},{value['max']:.3g}]"
-            )
-    text = " ".join(parts)
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _markdown(header, rows, numeric) -> str:
-    """A Markdown table padded to fixed width (readable as plain text too)."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-
-    def line(cells):
-        padded = (
-            c.rjust(w) if i in numeric else c.ljust(w)
-            for i, (c, w) in enumerate(zip(cells, widths))
-        )
-        return "| " + " | ".join(padded) + " |"
-
-    rule = "|" + "|".join(
-        "-" * (w + 1) + ":" if i in numeric else "-" * (w + 2)
-        for i, w in enumerate(widths)
-    )
-    return "\n".join([line(header), rule + "|", *map(line, rows)])
-
-
-def _tables(rows, test_split, shift_keys) -> str:
-    numeric = set(range(1, len(_COLUMNS) + 2))
-    header = ["method", *(c for _, c in _COLUMNS), "fit_s", "params"]
-    body = []
-    for r in rows:
-        fit = r["fit"]
-        body.append(
-            [r["method"]]
-            + [f"{r['test'][k]:.4f}" for k, _ in _COLUMNS]
-            + [f"{fit['seconds']:.2f}" if fit else "-"]
-            + [_short(fit["params"]) if fit else ""]
-        )
-    text = f"## test: {test_split.path}\n\n" + _markdown(header, body, numeric)
-    if shift_keys:
-        header = ["method", *(c for _, c in _COLUMNS)]
-        body = [
-            [r["method"]] + [f"{r['shift_mean'][k]:.4f}" for k, _ in _COLUMNS]
-            for r in rows
-        ]
-        text += (
-            f"\n\n## shifted test: mean over {len(shift_keys)} set(s)\n\n"
-            + _markdown(header, body, set(range(1, len(_COLUMNS) + 1)))
-        )
-    return text + "\n"
-
-
 class _Lines:
     """A stream for tqdm that writes each refresh as its own line (for logs)."""
 
@@ -408,13 +311,13 @@ def run(fv: flags.FlagValues) -> int:
         if shift_keys:
             row["shift_mean"] = {
                 key: float(np.mean([row["shift"][s][key] for s in shift_keys]))
-                for key, _ in _COLUMNS
+                for key, _ in report.COLUMNS
             }
         if row["fit"] is not None:
             cal = fitted[row["method"]][0]
-            row["fit"]["params"] = _params_summary(cal, test_logits)
+            row["fit"]["params"] = report.params_summary(cal, test_logits)
 
-    table = _tables(rows, splits[1], shift_keys)
+    table = report.tables(rows, splits[1], shift_keys)
     print(table, end="")
     payload = {
         "workdir": str(workdir) if workdir is not None else None,
@@ -425,7 +328,7 @@ def run(fv: flags.FlagValues) -> int:
             "adaptive_ece": f"top-label, {fv.num_bins} equal-mass bins, l1",
             "classwise_ece": f"{fv.num_bins} equal-width bins, class mean",
         },
-        "results": _jsonable(rows),
+        "results": report.jsonable(rows),
     }
     storage.make_dirs(out)
     files.write_text(out / files.TABLE, table, overwrite=fv.overwrite)
@@ -475,7 +378,7 @@ def _score(name, fitted, splits, data, out, fv, bar) -> dict:
                 labels=np.asarray(labels),
             )
             calibrated[split.key] = rel
-        values = _metrics(jax.nn.softmax(z, axis=-1), labels, fv.num_bins)
+        values = report.metrics(jax.nn.softmax(z, axis=-1), labels, fv.num_bins)
         if split.key.startswith("shift/"):
             scores["shift"][split.key[len("shift/") :]] = values
         else:
@@ -489,18 +392,6 @@ def _score(name, fitted, splits, data, out, fv, bar) -> dict:
         calibrated=calibrated,
     )
     return row
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    return x
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,122 @@
+"""Scores, tables and JSON of ``python -m calib_jax.posthoc`` (see :mod:`._cli`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# (results.json key, table column)
+COLUMNS = (
+    ("accuracy", "acc"),
+    ("nll", "nll"),
+    ("ece", "ece"),
+    ("adaptive_ece", "ada_ece"),
+    ("classwise_ece", "cw_ece"),
+    ("brier", "brier"),
+)
+
+
+def metrics(probs, labels, num_bins) -> dict[str, float]:
+    """Accuracy, NLL, ECE, adaptive and classwise ECE (``num_bins`` bins) and
+    Brier score of ``probs [N, K]``: the trainer's end-of-run metrics."""
+    from calib_jax import metrics as m
+
+    return {
+        "accuracy": float(m.accuracy(probs, labels)),
+        "nll": float(m.nll(probs, labels)),
+        "ece": float(m.ece(probs, labels, num_bins=num_bins)),
+        "adaptive_ece": float(m.adaptive_ece(probs, labels, num_bins=num_bins)),
+        "classwise_ece": float(m.classwise_ece(probs, labels, num_bins=num_bins)),
+        "brier": float(m.brier(probs, labels)),
+    }
+
+
+def params_summary(cal, test_logits) -> dict:
+    """JSON summary of a fitted calibrator's parameters (PTS: the range of its
+    per-example temperatures on ``test_logits``)."""
+    if cal.name.startswith("pts"):
+        from calib_jax.posthoc._pts import sample_temperatures
+
+        t = np.asarray(sample_temperatures(cal.params, test_logits))
+        out = {
+            "test_T_mean": float(t.mean()),
+            "test_T_min": float(t.min()),
+            "test_T_max": float(t.max()),
+        }
+        out.update(cal.replace(params={}).summary())
+        return out
+    return cal.summary()
+
+
+def _short(summary: dict, width: int = 48) -> str:
+    parts = []
+    for key, value in summary.items():
+        if key in ("class_losses",):
+            continue
+        if isinstance(value, float):
+            parts.append(f"{key}={value:.4g}")
+        elif isinstance(value, list):
+            parts.append(f"{key}=[{', '.join(f'{v:.3g}' for v in value)}]")
+        elif isinstance(value, dict):
+            parts.append(
+                f"{key}~{value['mean']:.3g}[{value['min']:.3g},{value['max']:.3g}]"
+            )
+    text = " ".join(parts)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _markdown(header, rows, numeric) -> str:
+    """A Markdown table padded to fixed width (readable as plain text too)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+
+    def line(cells):
+        padded = (
+            c.rjust(w) if i in numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths))
+        )
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join(
+        "-" * (w + 1) + ":" if i in numeric else "-" * (w + 2)
+        for i, w in enumerate(widths)
+    )
+    return "\n".join([line(header), rule + "|", *map(line, rows)])
+
+
+def tables(rows, test_split, shift_keys) -> str:
+    """The printed tables: test metrics per method and, with shifts, their mean."""
+    numeric = set(range(1, len(COLUMNS) + 2))
+    header = ["method", *(c for _, c in COLUMNS), "fit_s", "params"]
+    body = []
+    for r in rows:
+        fit = r["fit"]
+        body.append(
+            [r["method"]]
+            + [f"{r['test'][k]:.4f}" for k, _ in COLUMNS]
+            + [f"{fit['seconds']:.2f}" if fit else "-"]
+            + [_short(fit["params"]) if fit else ""]
+        )
+    text = f"## test: {test_split.path}\n\n" + _markdown(header, body, numeric)
+    if shift_keys:
+        header = ["method", *(c for _, c in COLUMNS)]
+        body = [
+            [r["method"]] + [f"{r['shift_mean'][k]:.4f}" for k, _ in COLUMNS]
+            for r in rows
+        ]
+        text += (
+            f"\n\n## shifted test: mean over {len(shift_keys)} set(s)\n\n"
+            + _markdown(header, body, set(range(1, len(COLUMNS) + 1)))
+        )
+    return text + "\n"
+
+
+def jsonable(x):
+    """``x`` with NumPy arrays and scalars turned into Python lists and numbers."""
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    return x

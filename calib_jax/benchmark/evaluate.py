@@ -16,6 +16,7 @@ import numpy as np
 from etils import epath
 
 from calib_jax import metrics, posthoc, storage
+from calib_jax.benchmark import conformal_sets
 
 # Row keys of the metrics, with the convention of each (report headers name it).
 METRICS: dict[str, str] = {
@@ -117,6 +118,7 @@ def cell_rows(
 
     Returns:
       Rows ``{method, calibrator, seed, shift, corruption, severity, **metrics}``
+      (with the conformal-set fields of :mod:`conformal_sets`)
       with ``shift='clean'`` (severity 0) for the test set and
       ``'<corruption>/<severity>'`` for shifted sets; the validation set is
       only fitted on, never scored.
@@ -130,12 +132,14 @@ def cell_rows(
     rows = []
     for cal_name in calibrators:
         apply, params = _fit(cal_name, val_z, val_y)
+        predictors = conformal_sets.fit(apply(val_z), val_y)
         values: dict[str, dict[str, float]] = {}
         for shape, names in groups.items():
             z = np.stack([logits[s][0] for s in names])
             y = np.stack([logits[s][1] for s in names])
             z = np.asarray(apply(z.reshape(-1, shape[-1]))).reshape(z.shape)
             out = jax.device_get(stacked_metrics(z, y, num_bins=num_bins))
+            out.update(conformal_sets.scores(predictors, z, y))
             for i, s in enumerate(names):
                 values[s] = {k: float(v[i]) for k, v in out.items()}
         for s in splits:

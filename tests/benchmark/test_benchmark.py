@@ -220,3 +220,13 @@ def test_verdicts_and_paired_differences():
     assert report.verdict([d]) == "holds"
     assert report.verdict([(-0.01, 0.02)]) == "inconclusive (within 1 SEM)"
     assert report.verdict([d, (0.05, 0.01)]) == "does not hold"
+
+
+def test_report_has_the_conformal_table(finished):
+    text = (finished / "report.md").read_text()
+    block = text.split("## Conformal prediction sets (alpha = 0.1)", 1)[1]
+    block = block.split("\n## ", 1)[0]
+    body = [ln for ln in block.splitlines() if ln.startswith("| ")][1:]
+    assert len(body) == len(METHODS) * len(CALIBRATORS)
+    rows = [json.loads(ln) for ln in (finished / "results.jsonl").open()]
+    assert all(0.0 <= r["conformal_aps_coverage"] <= 1.0 for r in rows)

@@ -1,0 +1,233 @@
+r"""Scores of prediction sets: coverage, mean set size and size-stratified
+coverage (with its worst violation, the SSCV of RAPS).
+
+Every function takes boolean sets ``[N, K]`` (``True`` = class in the set),
+is jittable and accepts an optional ``where`` mask (``False`` rows ignored).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from calib_jax.conformal._scores import check_alpha
+
+# The size strata of the RAPS paper's SSCV (inclusive bounds; None = no
+# upper bound), chosen there for ImageNet's 1000 classes.
+RAPS_STRATA: tuple[tuple[int, int | None], ...] = (
+    (0, 1),
+    (2, 3),
+    (4, 6),
+    (7, 10),
+    (11, 100),
+    (101, None),
+)
+
+
+def _check_sets(sets, labels=None, where=None):
+    sets = jnp.asarray(sets)
+    if sets.dtype != jnp.bool_:
+        raise TypeError(f"sets must be a bool array, got dtype {sets.dtype}.")
+    if sets.ndim != 2:
+        raise ValueError(f"sets must have shape [N, K], got shape {sets.shape}.")
+    n = sets.shape[0]
+    if labels is not None:
+        labels = jnp.asarray(labels)
+        if not jnp.issubdtype(labels.dtype, jnp.integer):
+            raise TypeError(
+                f"labels must be integer class ids, got dtype {labels.dtype}."
+            )
+        if labels.shape != (n,):
+            raise ValueError(
+                f"labels must have shape [N] = ({n},), got {labels.shape}."
+            )
+    if where is not None:
+        where = jnp.asarray(where)
+        if where.dtype != jnp.bool_:
+            raise TypeError(f"where must be a bool mask, got dtype {where.dtype}.")
+        if where.shape != (n,):
+            raise ValueError(f"where must have shape [N] = ({n},), got {where.shape}.")
+    return sets, labels, where
+
+
+def _weights(where, n):
+    if where is None:
+        return jnp.ones((n,), jnp.float32)
+    return where.astype(jnp.float32)
+
+
+def _covered(sets, labels):
+    return jnp.take_along_axis(sets, labels[:, None], axis=1)[:, 0]
+
+
+def coverage(
+    sets: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Empirical coverage: the fraction of rows whose set contains the label.
+
+    .. math::  \frac{1}{N} \sum_i 1[y_i \in C(x_i)]
+
+    Args:
+      sets: bool ``[N, K]`` prediction sets.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      where: optional bool ``[N]``; ``False`` rows are ignored.
+
+    Returns:
+      float32 scalar (NaN when every row is masked).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import conformal
+      >>> sets = jnp.array([[True, False], [True, True], [False, False]])
+      >>> print(f"{float(conformal.coverage(sets, jnp.array([0, 1, 1]))):.4f}")
+      0.6667
+    """
+    sets, labels, where = _check_sets(sets, labels, where)
+    w = _weights(where, sets.shape[0])
+    return jnp.sum(w * _covered(sets, labels)) / jnp.sum(w)
+
+
+def set_size(
+    sets: jax.typing.ArrayLike, *, where: jax.typing.ArrayLike | None = None
+) -> jax.Array:
+    r"""Mean set size :math:`\frac{1}{N} \sum_i |C(x_i)|` (empty sets count 0).
+
+    The per-row sizes are ``sets.sum(-1)``.
+
+    Args:
+      sets: bool ``[N, K]`` prediction sets.
+      where: optional bool ``[N]``; ``False`` rows are ignored.
+
+    Returns:
+      float32 scalar (NaN when every row is masked).
+    """
+    sets, _, where = _check_sets(sets, None, where)
+    w = _weights(where, sets.shape[0])
+    sizes = jnp.sum(sets.astype(jnp.float32), axis=1)
+    return jnp.sum(w * sizes) / jnp.sum(w)
+
+
+def _check_strata(strata) -> tuple[tuple[int, float], ...]:
+    try:
+        pairs = tuple((lo, hi) for lo, hi in strata)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"strata must be a sequence of (low, high) size bounds, got {strata!r}."
+        ) from None
+    if not pairs:
+        raise ValueError("strata must hold at least one (low, high) pair.")
+
+    def is_int(v):
+        return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+    out = []
+    for lo, hi in pairs:
+        top = math.inf if hi is None else hi
+        if not is_int(lo) or not (hi is None or is_int(hi)) or lo < 0 or top < lo:
+            raise ValueError(
+                "each stratum must be (low, high) with ints 0 <= low <= high "
+                f"(high None = unbounded), got {(lo, hi)!r}."
+            )
+        out.append((int(lo), top if hi is None else int(hi)))
+    return tuple(out)
+
+
+def size_stratified_coverage(
+    sets: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    strata=RAPS_STRATA,
+    where: jax.typing.ArrayLike | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    r"""Coverage within each stratum of set sizes.
+
+    For a stratum :math:`[a, b]`, the coverage of the rows whose set size
+    :math:`|C(x_i)|` lies in :math:`[a, b]` (the size-stratified coverage of
+    Sec. 4 of [1]; a row counts in every stratum containing its size).
+    Marginal coverage can hide small sets that under-cover and large sets
+    that over-cover; this exposes them.
+
+    Args:
+      sets: bool ``[N, K]`` prediction sets.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      strata: static sequence of inclusive ``(low, high)`` size bounds
+        (``high=None``: unbounded). Default :data:`RAPS_STRATA`, the strata
+        of [1]: 0-1, 2-3, 4-6, 7-10, 11-100, 101+.
+      where: optional bool ``[N]``; ``False`` rows are ignored.
+
+    Returns:
+      ``(coverage, count)``: float32 ``[S]`` coverage per stratum (NaN for
+      an empty stratum) and int32 ``[S]`` rows per stratum.
+
+    References:
+      [1] A. N. Angelopoulos, S. Bates, J. Malik and M. I. Jordan,
+      "Uncertainty Sets for Image Classifiers using Conformal Prediction",
+      ICLR 2021, arXiv:2009.14193v5, Sec. 4.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import conformal
+      >>> sets = jnp.array([[True, False, False], [True, True, True]])
+      >>> cov, count = conformal.size_stratified_coverage(
+      ...     sets, jnp.array([1, 2]), strata=((0, 1), (2, 3)))
+      >>> print(cov, count)
+      [0. 1.] [1 1]
+    """
+    sets, labels, where = _check_sets(sets, labels, where)
+    bounds = _check_strata(strata)
+    return _stratified(sets, labels, where, bounds=bounds)
+
+
+@functools.partial(jax.jit, static_argnames="bounds")
+def _stratified(sets, labels, where, *, bounds):
+    w = _weights(where, sets.shape[0])
+    sizes = jnp.sum(sets.astype(jnp.int32), axis=1)
+    lo = jnp.asarray([b[0] for b in bounds], jnp.int32)
+    # An unbounded stratum ends at K (no set is larger).
+    hi = jnp.asarray([min(b[1], sets.shape[1]) for b in bounds], jnp.int32)
+    inside = (sizes[:, None] >= lo[None, :]) & (sizes[:, None] <= hi[None, :])
+    member = inside.astype(jnp.float32) * w[:, None]  # [N, S]
+    count = jnp.sum(member, axis=0)
+    hits = jnp.sum(member * _covered(sets, labels).astype(jnp.float32)[:, None], 0)
+    cov = jnp.where(count > 0, hits / jnp.maximum(count, 1.0), jnp.nan)
+    return cov, count.astype(jnp.int32)
+
+
+def size_stratified_violation(
+    sets: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    alpha: float,
+    strata=RAPS_STRATA,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Worst size-stratified coverage violation (SSCV of Sec. 4 of [1]).
+
+    .. math::  \max_{j:\, |S_j| > 0} \bigl| \widehat{\mathrm{cov}}(S_j) - (1 - \alpha) \bigr|
+
+    over the non-empty strata :math:`S_j` of :func:`size_stratified_coverage`.
+
+    Args:
+      sets: bool ``[N, K]`` prediction sets.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      alpha: the target miscoverage level in (0, 1).
+      strata: static inclusive size bounds (default :data:`RAPS_STRATA`).
+      where: optional bool ``[N]``; ``False`` rows are ignored.
+
+    Returns:
+      float32 scalar in ``[0, 1]``.
+
+    References:
+      [1] A. N. Angelopoulos et al., ICLR 2021, arXiv:2009.14193v5, Sec. 4.
+    """
+    alpha = check_alpha(alpha)
+    cov, count = size_stratified_coverage(sets, labels, strata=strata, where=where)
+    gap = jnp.abs(cov - (1.0 - alpha))
+    return jnp.max(jnp.where(count > 0, gap, 0.0))

@@ -1,0 +1,192 @@
+r"""The :class:`ConformalPredictor` pytree and the split-conformal fitters.
+
+A predictor holds the calibrated threshold :math:`\hat q` and the score's
+options; ``predict_sets(logits, key=None)`` gives boolean ``[N, K]`` sets.
+Fitting and prediction are jitted and vmap over calibration splits (the
+threshold is a leaf; the method's options are static).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from calib_jax.conformal import _scores
+
+
+def _probs(logits: jax.Array) -> jax.Array:
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    return jax.nn.softmax(logits, axis=-1)
+
+
+def _uniforms(key, n: int, dtype):
+    return None if key is None else jax.random.uniform(key, (n,), dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("method", "k_reg"))
+def _scores_core(method, logits, labels, u, lam, *, k_reg):
+    probs = _probs(logits)
+    if method == "thr":
+        return _scores.thr_score(probs, labels)
+    return _scores._raps_score_core(probs, labels, u, lam, k_reg=k_reg)
+
+
+@functools.partial(jax.jit, static_argnames=("method", "k_reg", "allow_empty"))
+def _sets_core(method, logits, qhat, u, lam, *, k_reg, allow_empty):
+    probs = _probs(logits)
+    if method == "thr":
+        sets = _scores.thr_sets(probs, qhat)
+    else:
+        sets = _scores._raps_sets_core(probs, qhat, u, lam, k_reg=k_reg)
+    if not allow_empty:
+        # Empty sets get the top class (first arg-max): never less coverage.
+        top = jax.nn.one_hot(jnp.argmax(probs, axis=-1), probs.shape[-1], dtype=bool)
+        empty = ~jnp.any(sets, axis=-1, keepdims=True)
+        sets = sets | (top & empty)
+    return sets
+
+
+@struct.dataclass
+class ConformalPredictor:
+    r"""A fitted split-conformal predictor: threshold plus score options.
+
+    A pytree: ``qhat`` and ``lam`` are leaves (a vmapped fit gives batched
+    thresholds), everything else is static.
+
+    Attributes:
+      qhat: float32 scalar, the :math:`\lceil (n+1)(1-\alpha) \rceil`-th
+        smallest calibration score.
+      lam: float32 scalar RAPS penalty :math:`\lambda` (0 for THR and APS).
+      method: ``'thr'``, ``'aps'`` or ``'raps'``.
+      k_reg: RAPS :math:`k_{reg}` (0 for THR and APS).
+      randomized: True when the scores use one uniform :math:`u` per row;
+        ``predict_sets`` then needs a PRNG key.
+      allow_empty: False adds the top class to empty sets (conservative).
+      alpha: the miscoverage level it was fitted for.
+      num_classes: :math:`K`.
+      num_calibration: :math:`n`, the number of calibration rows.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from calib_jax import conformal
+      >>> z = 2.0 * jax.random.normal(jax.random.key(0), (500, 5))
+      >>> y = jax.random.categorical(jax.random.key(1), z)
+      >>> pred = conformal.fit("aps", z, y, alpha=0.1)
+      >>> pred.predict_sets(z[:3]).shape
+      (3, 5)
+    """
+
+    qhat: jax.Array
+    lam: jax.Array
+    method: str = struct.field(pytree_node=False, default="thr")
+    k_reg: int = struct.field(pytree_node=False, default=0)
+    randomized: bool = struct.field(pytree_node=False, default=False)
+    allow_empty: bool = struct.field(pytree_node=False, default=True)
+    alpha: float = struct.field(pytree_node=False, default=0.1)
+    num_classes: int = struct.field(pytree_node=False, default=0)
+    num_calibration: int = struct.field(pytree_node=False, default=0)
+
+    def _check(self, logits, key):
+        logits = jnp.asarray(logits)
+        if not jnp.issubdtype(logits.dtype, jnp.floating):
+            raise TypeError(f"logits must be floating point, got dtype {logits.dtype}.")
+        if logits.ndim != 2 or logits.shape[1] != self.num_classes:
+            raise ValueError(
+                f"logits must have shape [N, {self.num_classes}] (the predictor "
+                f"was fitted on K = {self.num_classes}), got shape {logits.shape}."
+            )
+        if self.randomized and key is None:
+            raise ValueError(
+                f"this {self.method!r} predictor is randomised (fitted with a key): "
+                "predict_sets needs a PRNG key, e.g. key=jax.random.key(0)."
+            )
+        if not isinstance(logits, jax.core.Tracer):
+            bad = ~np.isfinite(np.asarray(logits)).all(axis=1)
+            if bad.any():
+                raise ValueError(
+                    f"logits contain NaN/inf values in {int(bad.sum())} row(s) "
+                    f"(first at row {int(np.argmax(bad))})."
+                )
+        return logits
+
+    def predict_sets(
+        self, logits: jax.typing.ArrayLike, key: jax.Array | None = None
+    ) -> jax.Array:
+        """Prediction sets of the rows of ``logits``.
+
+        Args:
+          logits: float ``[N, K]`` logits (the same kind the predictor was
+            fitted on, e.g. after the same calibrator); softmax is applied
+            in float32.
+          key: PRNG key of the per-row uniforms; required when
+            ``randomized``, ignored otherwise.
+
+        Returns:
+          bool ``[N, K]``; ``True`` marks the classes in each row's set.
+
+        Raises:
+          ValueError: wrong shape, NaN/inf logits (eager calls) or a missing
+            key for a randomised predictor.
+        """
+        logits = self._check(logits, key)
+        u = _uniforms(key, logits.shape[0], jnp.float32) if self.randomized else None
+        return _sets_core(
+            self.method,
+            logits,
+            self.qhat,
+            u,
+            self.lam,
+            k_reg=self.k_reg,
+            allow_empty=self.allow_empty,
+        )
+
+    def scores(
+        self,
+        logits: jax.typing.ArrayLike,
+        labels: jax.typing.ArrayLike,
+        key: jax.Array | None = None,
+    ) -> jax.Array:
+        """Conformity scores ``[N]`` of ``labels`` (the values ``qhat`` thresholds).
+
+        ``labels[i] in predict_sets(logits, key)[i]`` exactly when
+        ``scores(logits, labels, key)[i] <= qhat`` (with ``allow_empty``).
+        """
+        logits = self._check(logits, key)
+        labels = _scores._check_labels(labels, logits.shape[0])
+        u = _uniforms(key, logits.shape[0], jnp.float32) if self.randomized else None
+        return _scores_core(self.method, logits, labels, u, self.lam, k_reg=self.k_reg)
+
+
+def fit_predictor(
+    method: str,
+    logits: jax.Array,
+    labels: jax.Array,
+    *,
+    alpha: float,
+    key: jax.Array | None = None,
+    lam: float = 0.0,
+    k_reg: int = 0,
+    allow_empty: bool = True,
+) -> ConformalPredictor:
+    """Calibrates ``method`` on checked inputs (see :func:`calib_jax.conformal.fit`)."""
+    n, k = logits.shape
+    rank = _scores.quantile_rank(n, alpha)
+    randomized = key is not None and method != "thr"
+    u = _uniforms(key, n, jnp.float32) if randomized else None
+    lam = jnp.asarray(lam, jnp.float32)
+    scores = _scores_core(method, logits, labels, u, lam, k_reg=k_reg)
+    return ConformalPredictor(
+        qhat=_scores._order_statistic(scores, rank=rank),
+        lam=lam,
+        method=method,
+        k_reg=k_reg,
+        randomized=randomized,
+        allow_empty=bool(allow_empty),
+        alpha=float(alpha),
+        num_classes=int(k),
+        num_calibration=int(n),
+    )

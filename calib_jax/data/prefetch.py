@@ -151,7 +151,3 @@ class Prefetcher(Iterator[T], Generic[T]):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __del__(self):
-        if getattr(self, "_thread", None) is not None:
-            self._stop.set()

@@ -151,15 +151,14 @@ def test_ties_rank_the_lower_class_index_first():
 
 def test_lam_zero_raps_is_aps_bit_for_bit():
     probs, y, u = _case(k=20)
-    for uu in (None, u):
-        np.testing.assert_array_equal(
-            conformal.raps_score(probs, y, u=uu, lam=0.0, k_reg=4),
-            conformal.aps_score(probs, y, u=uu),
-        )
-        np.testing.assert_array_equal(
-            conformal.raps_sets(probs, 0.8, u=uu, lam=0.0, k_reg=4),
-            conformal.aps_sets(probs, 0.8, u=uu),
-        )
+    np.testing.assert_array_equal(
+        conformal.raps_score(probs, y, u=u, lam=0.0, k_reg=4),
+        conformal.aps_score(probs, y, u=u),
+    )
+    np.testing.assert_array_equal(
+        conformal.raps_sets(probs, 0.8, lam=0.0, k_reg=4),
+        conformal.aps_sets(probs, 0.8),
+    )
 
 
 @pytest.mark.parametrize(

@@ -100,13 +100,21 @@ def base() -> ml_collections.ConfigDict:
     # operation by operation and names the operation (slow; for debugging).
     c.debug_nans = False
 
-    # Shifted test sets: 'all', 'none' or a comma-separated list of corruption
-    # names; severities in 1..5. With dataset='' they are the JAX corruptions of
-    # the test split; with dataset='cifar10_corrupted' (or 'cifar100_corrupted')
-    # the published files of that dataset (its data_dir, or dataset.data_dir).
+    # Shifted test sets: 'all' (every available corruption: the 10 JAX ones,
+    # or the 19 of a complete published set), 'standard15' (the 15 corruptions
+    # papers average over; the 8 of them the JAX set implements), 'none' or a
+    # comma-separated list of corruption names; severities in 1..5. With
+    # dataset='' they are the JAX corruptions of the test split; with
+    # dataset='cifar10_corrupted' (or 'cifar100_corrupted') the published files
+    # of that dataset (its data_dir, or dataset.data_dir). See docs/data.md.
     c.shifts = ml_collections.ConfigDict(
         dict(corruptions="all", severities=(1, 2, 3, 4, 5), dataset="", data_dir="")
     )
+    # Out-of-distribution set scored against the test split (ood/<metric>, the
+    # maximum softmax probability): '' = none, a name of
+    # calib_jax.data.OOD_SETS ('digits_patches', 'svhn_cropped') or of
+    # DATASETS (read from `split`); data_dir '' = dataset.data_dir.
+    c.ood = ml_collections.ConfigDict(dict(dataset="", data_dir="", split="test"))
     # Interleaved training (soft-calibration paper App. B).
     c.interleaved = ml_collections.ConfigDict(
         dict(

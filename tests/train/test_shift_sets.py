@@ -102,9 +102,8 @@ def test_ood_set_of_another_image_shape_is_refused(tmp_path):
     config.ood.dataset = "svhn_cropped"
     config.ood.data_dir = str(tmp_path)
     digits = data.get_dataset("digits")
-    with tfds.testing.mock_data(num_examples=4):
-        with pytest.raises(ValueError) as err:
-            eval_lib.resolve_ood(config, digits)
+    with tfds.testing.mock_data(num_examples=4), pytest.raises(ValueError) as err:
+        eval_lib.resolve_ood(config, digits)
     assert str(err.value) == (
         "config.ood.dataset 'svhn_cropped' has images of shape (32, 32, 3); the "
         "model of digits takes (8, 8, 1)."
@@ -132,7 +131,10 @@ def test_score_is_a_function_of_the_logits_with_the_mean_in_set_order():
     assert list(got)[-4:] == [f"ood/{m}" for m in eval_lib.OOD_METRICS]
     ece = [got["shift/b/1/ece"], got["shift/a/2/ece"]]
     assert got["shift/mean/ece"] == float(np.mean(ece))
-    msp = lambda z: np.max(np.exp(z) / np.exp(z).sum(1, keepdims=True), 1)  # noqa: E731
+
+    def msp(z):
+        return np.max(np.exp(z) / np.exp(z).sum(1, keepdims=True), 1)
+
     s_in, s_out = msp(sets["test"][0]), msp(sets["ood"][0])
     pairs = (s_in[:, None] > s_out[None]) + 0.5 * (s_in[:, None] == s_out[None])
     assert got["ood/auroc"] == pytest.approx(pairs.mean(), abs=1e-6)

@@ -227,7 +227,7 @@ def ece_vs_severity(
     if not results:
         raise ValueError("results is empty: nothing to plot.")
     if error not in ("std", "sem", None):
-        raise ValueError(f"error must be 'std', 'sem' or None, got {error!r}.")
+        raise ValueError(f"error must be 'std' or 'sem' (or None), got {error!r}.")
     fig = _figure(7.0, 4.5)
     ax = fig.subplots()
     _distinct_colors(ax, len(results))

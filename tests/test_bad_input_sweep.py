@@ -7,7 +7,8 @@ tests/losses/test_registry.py (names, hyperparameters, shapes),
 tests/metrics/test_metrics_validation.py (NaN, simplex, labels, bins),
 tests/posthoc/test_posthoc_registry_cli.py (fit and CLI on bad arrays, keys),
 tests/train/test_cli.py (config typos, unknown names, batch divisibility),
-tests/train/test_multihost.py (distributed settings).
+tests/train/test_multihost.py (distributed settings),
+tests/evaluate/test_evaluate_run.py (evaluate: what a workdir lacks, --out).
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ evenly is raised to the next multiple of its device count (marked in the
 table). Writes the ``## TPU ahead-of-time compile`` section of
 benchmarks/RESULTS.md after every compile (``--no-write``: print only).
 
+``--kernels`` compiles both formulations of every CPU-tuned kernel instead
+(``benchmarks/tpu_kernels.py``, the table behind ``calib_jax.kernels``).
+
 ``--grid`` compiles the methods of the ``configs/benchmark_cifar*.py`` grids
 instead (WRN-28-10, batch 512; default topology v5e:16x16; ``--objectives``
 picks methods) into the ``## TPU ahead-of-time compile: benchmark grid``
@@ -249,8 +252,17 @@ def main(argv=None) -> int:
         help="where each config is also compiled with cross-entropy (default objectives)",
     )
     parser.add_argument("--grid", action="store_true")
+    parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="compile the tuned and plain kernel formulations (tpu_kernels.py)",
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    if args.kernels:
+        import tpu_kernels
+
+        return tpu_kernels.main(["--no-write"] if args.no_write else [])
     try:
         _tpu.require_libtpu()
     except _tpu.LibtpuMissing as e:

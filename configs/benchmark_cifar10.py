@@ -6,7 +6,8 @@ TFDS array_record directories, see docs/data.md)::
   python -m calib_jax.benchmark --config configs/benchmark_cifar10.py \
       --workdir /tmp/bench_c10 --config.train.dataset.data_dir=$TFDS_DATA_DIR
 
-The whole grid (20 methods x 12 calibrators x 3 seeds) of WRN-28-10 runs with
+The whole grid (20 methods x 16 calibrators x 3 seeds; the binary-only Platt
+and Beta calibrators are skipped for K = 10) of WRN-28-10 runs with
 the soft-calibration paper's recipe (200 epochs, SGD 0.1, L2 5e-4, batch 512):
 57 trainings of about 3 h each on 1xH100 (not measured here).
 OOD detection is scored against SVHN (``tfds build svhn_cropped

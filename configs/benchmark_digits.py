@@ -7,7 +7,9 @@ Command (from the repository root)::
 
 The whole grid: 20 training methods (every objective of
 ``calib_jax.train.objectives``, interleaved SB-ECE and MaC-Cal two-stage
-retraining on the cross-entropy run) x 12 post-hoc calibrators x 3 seeds, an
+retraining on the cross-entropy run) x 16 post-hoc calibrators (14 run: Platt and
+Beta calibration are binary-only, K = 2, and are skipped on the 10 digits
+classes) x 3 seeds, an
 MLP trained for 30 epochs, scored on the clean test set and on the 10 JAX
 corruptions x 5 severities of it, with OOD detection against
 ``digits_patches`` (8x8 tiles of scikit-learn's bundled photographs) and

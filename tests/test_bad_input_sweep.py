@@ -186,13 +186,13 @@ def test_posthoc_cli_unreadable_files_are_one_line(npz_files, capsys, val, messa
             "--method",
             "ts",
             "--out",
-            str(npz_files / "out.json"),
+            str(npz_files / "out"),
         ]
     )
     err = capsys.readouterr().err
     assert code == 2
     assert message in _one_line(err) and "--val" in err
-    assert not (npz_files / "out.json").exists()
+    assert not (npz_files / "out").exists()
 
 
 # ---------------------------------------------------------------------------
@@ -440,8 +440,8 @@ def test_benchmark_and_datasets_reject_bad_bucket_paths(gcs_emulator, tmp_path):
         ("--val", "gs:/bucket/val.npz", "a URL needs two slashes"),
         ("--val", "gs://no-such-bucket/val.npz", "does not exist"),
         ("--test", "gs://", "it names no bucket"),
-        ("--out", "gs://no-such-bucket/out.json", "does not exist"),
-        ("--out", "gcs://bucket/out.json", "unsupported scheme gcs://"),
+        ("--out", "gs://no-such-bucket/out", "does not exist"),
+        ("--out", "gcs://bucket/out", "unsupported scheme gcs://"),
     ],
 )
 def test_posthoc_cli_bad_bucket_paths_are_one_line(
@@ -450,7 +450,7 @@ def test_posthoc_cli_bad_bucket_paths_are_one_line(
     args = {
         "--val": str(npz_files / "test.npz"),
         "--test": str(npz_files / "test.npz"),
-        "--out": str(npz_files / "never.json"),
+        "--out": str(npz_files / "never"),
     }
     args[flag] = value
     argv = [x for pair in args.items() for x in pair] + ["--method", "ts"]
@@ -458,13 +458,13 @@ def test_posthoc_cli_bad_bucket_paths_are_one_line(
     err = capsys.readouterr().err
     assert code == 2
     assert message in _one_line(err) and flag in err and value in err
-    assert not (npz_files / "never.json").exists()
+    assert not (npz_files / "never").exists()
 
 
 def test_posthoc_cli_missing_object_in_a_bucket(gcs_bucket, npz_files, capsys):
     code = posthoc_cli.main(
         ["--val", f"{gcs_bucket}/nope.npz", "--test", str(npz_files / "test.npz")]
-        + ["--out", str(npz_files / "never.json"), "--method", "ts"]
+        + ["--out", str(npz_files / "never"), "--method", "ts"]
     )
     err = capsys.readouterr().err
     assert code == 2

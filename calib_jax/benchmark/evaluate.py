@@ -201,8 +201,13 @@ def cell_rows(
       only fitted on, never scored. Clean rows also carry :data:`OOD_FIELDS`
       when ``logits`` holds ``'ood'`` (the calibrated test set against the
       calibrated OOD set) and the bootstrap fields when asked for.
+      Binary-only calibrators (``'platt'``, ``'beta'``) give no rows when
+      K != 2.
     """
+    from calib_jax.benchmark import grid
+
     val_z, val_y = logits["val"]
+    calibrators = grid.applicable(calibrators, val_z.shape[-1])
     ood = logits.get(train_eval.OOD_KEY)
     splits = [s for s in logits if s not in ("val", train_eval.OOD_KEY)]
     splits.sort(key=lambda s: (s != "test", s))

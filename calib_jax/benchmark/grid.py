@@ -12,7 +12,10 @@ named objectives); two are training procedures:
   stage I.
 
 A *calibrator* is ``'none'`` or a name of :data:`calib_jax.posthoc.CALIBRATORS`
-(``'ts:<objective>'`` for temperature scaling by an objective).
+(``'ts:<objective>'`` for temperature scaling by an objective). The
+binary-only calibrators (``'platt'``, ``'beta'``; :data:`calib_jax.posthoc.
+BINARY_ONLY`) are defined for K = 2: on a dataset with K > 2 classes (digits,
+CIFAR) they are skipped, with a note in the report, instead of failing.
 """
 
 from __future__ import annotations
@@ -39,11 +42,23 @@ CALIBRATORS: tuple[str, ...] = (
     "pts",
     "cts",
     "dirichlet",
+    "histogram_binning",
+    "isotonic",
+    "platt",
+    "beta",
     "ts+classwise",
     "ets+classwise",
     "pts+classwise",
     "cts+classwise",
 )
+
+
+def applicable(calibrators, num_classes: int) -> tuple[str, ...]:
+    """The calibrators that apply to ``num_classes`` classes (binary-only ones
+    need K = 2)."""
+    return tuple(
+        c for c in calibrators if num_classes == 2 or c not in posthoc.BINARY_ONLY
+    )
 
 
 def _unknown(kind: str, bad: list[str], known) -> ValueError:

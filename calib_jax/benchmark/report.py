@@ -588,6 +588,11 @@ def write_report(config: ConfigDict, workdir: epath.PathLike, rows) -> epath.Pat
             *metrics_table(rows, "none", "all"),
             "",
         ]
+    skipped = [
+        c
+        for c in config.get("calibrators", ())
+        if c in grid.posthoc.BINARY_ONLY and c not in set(_calibrators(rows))
+    ]
     lines += [
         "## ECE (15 equal-width bins, l1) of every method under every calibrator "
         "(clean test)",
@@ -595,6 +600,12 @@ def write_report(config: ConfigDict, workdir: epath.PathLike, rows) -> epath.Pat
         *calibrator_table(rows, "ece"),
         "",
     ]
+    if skipped:
+        note = (
+            f"Not run: {', '.join(skipped)} (binary-only calibrators, defined for "
+            "K = 2 classes; this dataset has more)."
+        )
+        lines += [note, ""]
     if shifts:
         lines += [
             "## ECE (15 equal-width bins, l1) under every calibrator (shifted)",

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from calib_jax import storage
 from calib_jax.data._sources import ArraySource, Source, SubsetSource
 
 _log = logging.getLogger(__name__)
@@ -151,18 +152,11 @@ def _is_local(path: epath.Path) -> bool:
 
 def _read_header(path: epath.Path) -> tuple[tuple, np.dtype, int]:
     """(shape, dtype, bytes the file must have) from an ``.npy`` header."""
-    with path.open("rb") as f:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        else:
-            raise ValueError(f"unsupported .npy version {version}")
-        offset = f.tell()
-    if fortran:
+    header = storage.read_npy_header(path)
+    if header.fortran_order:
         raise ValueError("Fortran order")
-    return tuple(shape), np.dtype(dtype), offset + int(np.prod(shape)) * dtype.itemsize
+    size = int(np.prod(header.shape)) * header.dtype.itemsize
+    return header.shape, np.dtype(header.dtype), header.offset + size
 
 
 def _open_array(path: epath.Path, shape: tuple, dtype: np.dtype) -> np.ndarray:

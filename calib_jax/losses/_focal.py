@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax import kernels
 from calib_jax.losses._common import (
     _no_tangent,
     _row_reduce,
@@ -367,7 +368,9 @@ def dual_focal(
 @functools.partial(jax.jit, static_argnames="variant")
 def _dual_focal(logits, labels, mask, gamma, *, variant):
     logits, labels = _clean(logits, labels, mask)
-    z_true, z_rest_max, rest_sum, _ = _dual_parts(logits, labels)
+    z_true, z_rest_max, rest_sum, _ = kernels.select(
+        "loss_dual_focal", _dual_parts, _dual_parts_plain, logits, labels
+    )
     # log sum_{k != y} e^{z_k}; the shift is a constant (the sum is shift
     # invariant), as in _primary._true_vs_rest.
     lse_rest = lax.stop_gradient(z_rest_max) + jnp.log(rest_sum)
@@ -403,6 +406,10 @@ def _dual_parts(z, labels):
     the log-sum-exp with its exact derivatives (all orders). The backward pass
     is one elementwise pass over ``c`` plus two in-place scatters (the label
     and the arg-max entries, gathers in the rule).
+
+    Kernel family ``'loss_dual_focal'`` (:mod:`calib_jax.kernels`): the plain
+    formulation is :func:`_dual_parts_plain`; float64 reference in
+    ``tests/_reference.py``.
     """
     k = z.shape[1]
     z_true = _take_col(z, labels)
@@ -419,6 +426,17 @@ def _dual_parts(z, labels):
     )
     rest_sum = total - _clamped_exp(z_true - z_rest_max)
     return z_true, z_rest_max, rest_sum, first
+
+
+def _dual_parts_plain(z, labels):
+    """Plain :func:`_dual_parts`: masked ``argmax`` and log-sum-exp, autodiff."""
+    cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    rest = jnp.where(cols == labels[:, None], -jnp.inf, z)
+    first = jnp.argmax(rest, axis=1).astype(jnp.int32)
+    z_rest_max = _take_col(z, first)  # moves with the first arg-max
+    # The shift is a constant (the sum is taken with z_rest_max held fixed).
+    e = jnp.exp(rest - lax.stop_gradient(z_rest_max)[:, None])
+    return _take_col(z, labels), z_rest_max, jnp.sum(e, axis=1), first
 
 
 @_dual_parts.defjvp

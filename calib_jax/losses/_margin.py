@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax import kernels
 from calib_jax.losses._common import (
     _no_tangent,
     _row_reduce,
@@ -111,7 +112,9 @@ def mbls(
 def _mbls(logits, labels, mask, margin, alpha):
     logits, _ = _clean(logits, labels, mask)
     dtype = logits.dtype
-    _, hinge, _, _ = _mbls_parts(logits, jnp.asarray(margin, dtype))
+    _, hinge, _, _ = kernels.select(
+        "loss_mbls", _mbls_parts, _mbls_parts_plain, logits, jnp.asarray(margin, dtype)
+    )
     return zero_masked(jnp.asarray(alpha, dtype) * hinge, mask)
 
 
@@ -124,6 +127,10 @@ def _mbls_parts(z, margin):
     One max pass and one fused pass over ``[B, K]``; the derivative is stated
     in the rule below (``top`` moves with the first arg-max), so the backward
     pass is a single elementwise pass.
+
+    Kernel family ``'loss_mbls'`` (:mod:`calib_jax.kernels`): the plain
+    formulation is :func:`_mbls_parts_plain`; float64 reference in
+    ``tests/_reference.py``.
     """
     k = z.shape[1]
     top = _unfused(jnp.max(z, axis=1))
@@ -140,6 +147,21 @@ def _mbls_parts(z, margin):
         (lax.add, lax.add, lax.min),
     )
     return top, hinge, count, first
+
+
+def _first_max(z):
+    """``(max_k z_k, first arg-max)``; the max moves with the first arg-max."""
+    first = jnp.argmax(z, axis=1).astype(jnp.int32)
+    return _take_col(z, first), first
+
+
+def _mbls_parts_plain(z, margin):
+    """Plain :func:`_mbls_parts`: ``argmax`` and a ReLU sum, JAX autodiff."""
+    top, first = _first_max(z)
+    gap = top[:, None] - z - margin
+    active = gap > 0
+    hinge = jnp.sum(jnp.where(active, gap, 0.0), axis=1)
+    return top, hinge, jnp.sum(active.astype(jnp.int32), axis=1), first
 
 
 @_mbls_parts.defjvp
@@ -251,7 +273,9 @@ def _acls(logits, labels, mask, margin, lambda_1, lambda_2):
     logits, _ = _clean(logits, labels, mask)
     dtype = logits.dtype
     margin = jnp.asarray(margin, dtype)
-    top, low, _, neg, _, _, _ = _acls_parts(logits, margin)
+    top, low, _, neg, _, _, _ = kernels.select(
+        "loss_acls", _acls_parts, _acls_parts_plain, logits, margin
+    )
     pos = jax.nn.relu(top - low - margin) ** 2
     penalty = jnp.asarray(lambda_1, dtype) * pos + jnp.asarray(lambda_2, dtype) * neg
     return zero_masked(penalty, mask)
@@ -269,6 +293,10 @@ def _acls_parts(z, margin):
     hinges (int32). Three fused passes over ``[B, K]``; the derivative is
     stated in the rule below (``top``/``low`` move with the first
     arg-max/arg-min), so the backward pass is a single elementwise pass.
+
+    Kernel family ``'loss_acls'`` (:mod:`calib_jax.kernels`): the plain
+    formulation is :func:`_acls_parts_plain`; float64 reference in
+    ``tests/_reference.py``.
     """
     k = z.shape[1]
     top, low = _row_reduce((z, z), (-jnp.inf, jnp.inf), (lax.max, lax.min))
@@ -292,6 +320,20 @@ def _acls_parts(z, margin):
         (0, k),
         (lax.add, lax.min),
     )
+    return top, low, hinge, neg, first_max, first_min, count
+
+
+def _acls_parts_plain(z, margin):
+    """Plain :func:`_acls_parts`: ``argmax``/``argmin`` and ReLU sums, autodiff."""
+    top, first_max = _first_max(z)
+    first_min = jnp.argmin(z, axis=1).astype(jnp.int32)
+    low = _take_col(z, first_min)
+    gap = top[:, None] - z - margin
+    active = gap > 0
+    relu_gap = jnp.where(active, gap, 0.0)
+    hinge = jnp.sum(relu_gap, axis=1)
+    neg = jnp.sum(relu_gap * relu_gap, axis=1)
+    count = jnp.sum(active.astype(jnp.int32), axis=1)
     return top, low, hinge, neg, first_max, first_min, count
 
 

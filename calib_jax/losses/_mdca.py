@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax import kernels
 from calib_jax.losses._common import prepare
 from calib_jax.losses._margin import _unfused
 from calib_jax.losses._rows import _clean
@@ -65,7 +66,7 @@ def _mdca(logits, labels, mask):
     logits = _clean(logits, mask)
     dtype = logits.dtype
     mf = mask.astype(dtype)
-    mean_prob = _prob_sums(logits, mf)
+    mean_prob = kernels.select("loss_mdca", _prob_sums, _prob_sums_plain, logits, mf)
     # Label frequencies by a scatter-add of B ones (no [B, K] one-hot).
     freq = jnp.zeros(logits.shape[-1], dtype).at[labels].add(mf)
     n = jnp.maximum(jnp.sum(mf), 1.0)
@@ -87,8 +88,17 @@ def _prob_sums(x, w):
     ``w_i p_ik (a_k - sum_j p_ij a_j)``) is one matrix-vector product and one
     elementwise pass over ``e``, instead of autodiff's softmax backward through
     the division and the shifted maximum.
+
+    Kernel family ``'loss_mdca'`` (:mod:`calib_jax.kernels`): the plain
+    formulation is :func:`_prob_sums_plain`; float64 reference in
+    ``tests/_reference_batch.py``.
     """
     return _prob_parts(x, w)[0]
+
+
+def _prob_sums_plain(x, w):
+    """Plain :func:`_prob_sums`: ``jax.nn.softmax`` and autodiff (f32 sums)."""
+    return jnp.sum(w[:, None] * jax.nn.softmax(x, axis=-1), axis=0)
 
 
 def _prob_parts(x, w):

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax import kernels
 from calib_jax.losses._common import (
     _row_reduce,
     _unfused,
@@ -146,8 +147,31 @@ def _true_vs_rest(
     Its transpose, the gradient, is one elementwise ``[B, K]`` pass plus an
     in-place scatter of the label term (a gather in the rule), as for
     cross-entropy.
+
+    Kernel family ``'loss_true_vs_rest'`` (:mod:`calib_jax.kernels`): the
+    plain formulation is :func:`_rest_parts_plain`; float64 references in
+    ``tests/_reference.py``.
     """
-    return _Split(*_rest_parts(logits, labels, squares))
+    parts = kernels.select(
+        "loss_true_vs_rest",
+        lambda z, y: _rest_parts(z, y, squares),
+        functools.partial(_rest_parts_plain, squares=squares),
+        logits,
+        labels,
+    )
+    return _Split(*parts)
+
+
+def _rest_parts_plain(z, labels, *, squares):
+    """Plain :func:`_rest_parts`: a masked log-sum-exp with JAX autodiff."""
+    z_true = _take_col(z, labels)
+    cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    rest = jnp.where(cols == labels[:, None], -jnp.inf, z)
+    # The shift is a constant (log-sum-exp is shift invariant).
+    rest_max = lax.stop_gradient(jnp.max(rest, axis=1))
+    e = jnp.exp(rest - rest_max[:, None])
+    rest_sq = jnp.sum(e * e, axis=1) if squares else None
+    return z_true, rest_max, jnp.sum(e, axis=1), rest_sq
 
 
 def _clamped_exp(s: jax.Array) -> jax.Array:

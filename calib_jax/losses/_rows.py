@@ -8,12 +8,14 @@ correctness), with hand-written derivatives so the backward pass adds no second
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax import kernels
 from calib_jax.losses._margin import _no_tangent, _row_reduce, _unfused
 
 
@@ -61,6 +63,10 @@ def _row_stats(
     label entry is a gather, whose transpose is an in-place scatter); forward
     mode and higher derivatives keep working.
 
+    Kernel family ``'loss_rows'`` (:mod:`calib_jax.kernels`): the plain
+    formulation is :func:`_row_stats_plain`; float64 references in
+    ``tests/_reference_batch.py``.
+
     The maxima are the entries with ``exp(s) == 1`` (``s`` within rounding of
     0: about 6e-8 in float32); tied maxima share the derivative evenly, as for
     ``jnp.max``. The forward pass is one max reduction, one exponential pass
@@ -70,8 +76,51 @@ def _row_stats(
     an exact tie for the top logit a label among the tied classes counts as
     correct (ties have probability zero for continuous logits).
     """
-    want_top = conf or margin
     has_labels = labels is not None
+    flags = {"has_labels": has_labels, "ce": ce, "conf": conf}
+    flags.update(entropy=entropy, margin=margin)
+    # Labels are an argument (not a closure) so that no tracer is captured.
+    ids = labels if has_labels else jnp.zeros(logits.shape[:1], jnp.int32)
+    outs = kernels.select(
+        "loss_rows",
+        functools.partial(_row_stats_fused, **flags),
+        functools.partial(_row_stats_plain, **flags),
+        logits,
+        ids,
+    )
+    if "correct" in outs:
+        outs["correct"] = lax.stop_gradient(outs["correct"])
+    return _Rows(**{name: outs.get(name) for name in _Rows._fields})
+
+
+def _row_stats_plain(x, labels, *, has_labels, ce, conf, entropy, margin):
+    """Plain formulation of :func:`_row_stats` (kernel family ``'loss_rows'``).
+
+    ``jax.nn.log_softmax``, ``jnp.max`` and ``lax.top_k`` with JAX's own
+    derivatives (``jnp.max`` also splits the derivative evenly over tied
+    maxima). Float64 references: ``tests/_reference_batch.py``.
+    """
+    logp = jax.nn.log_softmax(x, axis=-1)
+    p = jnp.exp(logp)
+    outs = {}
+    if has_labels:
+        x_y = jnp.take_along_axis(x, labels[:, None], axis=-1)[:, 0]
+        outs["correct"] = (x_y == jnp.max(x, axis=-1)).astype(x.dtype)
+        if ce:
+            outs["ce"] = -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
+    if conf:
+        outs["conf"] = jnp.max(p, axis=-1)
+    if entropy:
+        outs["entropy"] = -jnp.sum(p * logp, axis=-1)
+    if margin:
+        top2 = lax.top_k(p, 2)[0]
+        outs["margin"] = top2[:, 0] - top2[:, 1]
+    return outs
+
+
+def _row_stats_fused(x, labels, *, has_labels, ce, conf, entropy, margin):
+    """The one-pass ``custom_jvp`` kernel of :func:`_row_stats`."""
+    want_top = conf or margin
 
     def forward(x, labels):
         # The row max is its own reduction; _unfused keeps XLA:CPU from fusing
@@ -169,12 +218,7 @@ def _row_stats(
             touts["margin"] = jnp.where(n_top > 1, jnp.zeros_like(d_margin), d_margin)
         return outs, touts
 
-    # Labels are an argument (not a closure) so that no tracer is captured.
-    ids = labels if has_labels else jnp.zeros(logits.shape[:1], jnp.int32)
-    outs = stats(logits, ids)
-    if "correct" in outs:
-        outs["correct"] = lax.stop_gradient(outs["correct"])
-    return _Rows(**{name: outs.get(name) for name in _Rows._fields})
+    return stats(x, labels)
 
 
 @jax.custom_jvp

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax import kernels
 from calib_jax.losses._common import (
     check_bool,
     check_num_bins,
@@ -247,28 +248,49 @@ def _aurc(logits, labels, mask, *, csf):
     # ranking, which is piecewise constant: no gradient flows through it.
     score = lax.stop_gradient(_score(csf, rows))
     # Descending score, excluded rows last; + 0.0 maps -0.0 to +0.0 so that
-    # equal scores get equal integer keys.
-    key = _sortable(jnp.where(mask, -score, jnp.inf) + 0.0)
-    # Only the keys are sorted (an integer sort without a payload, several
-    # times faster on XLA:CPU than sorting (score, loss) pairs); each sample
-    # finds the first sorted position of its tie group by binary search.
-    key_sorted = lax.sort(key)
-    first = jnp.searchsorted(key_sorted, key, side="left", method="scan")
-    b = key.shape[0]
+    # equal scores get equal keys.
+    first, new_group = kernels.select(
+        "sort_keys",
+        _tie_groups_packed,
+        _tie_groups_plain,
+        jnp.where(mask, -score, jnp.inf) + 0.0,
+    )
+    b = score.shape[0]
     n = jnp.sum(mask.astype(dtype))
     rank = jnp.arange(1, b + 1, dtype=dtype)
     inv = jnp.where(rank <= n, 1.0 / rank, 0.0)
     # alpha_r = sum_{m=r}^{n} 1/m, summed from the small end for accuracy.
     alpha = jnp.cumsum(inv[::-1])[::-1]
     # Tied scores share the mean alpha of their group.
-    new_group = jnp.concatenate(
-        [jnp.ones((1,), bool), key_sorted[1:] != key_sorted[:-1]]
-    )
     group = jnp.cumsum(new_group.astype(jnp.int32)) - 1
     group_sum = jax.ops.segment_sum(alpha, group, num_segments=b)
     group_size = jax.ops.segment_sum(jnp.ones_like(alpha), group, num_segments=b)
     alpha = (group_sum / jnp.maximum(group_size, 1.0))[group[first]]
     return jnp.sum(alpha * ce) / jnp.maximum(n, 1.0)
+
+
+def _tie_groups(key):
+    """``(first, new_group)`` of ascending ``key``: each sample's first sorted
+    position in its tie group (binary search), and the group starts."""
+    key_sorted = lax.sort(key)
+    first = jnp.searchsorted(key_sorted, key, side="left", method="scan")
+    new_group = jnp.concatenate(
+        [jnp.ones((1,), bool), key_sorted[1:] != key_sorted[:-1]]
+    )
+    return first, new_group
+
+
+def _tie_groups_packed(x):
+    """:func:`_tie_groups` of the floats ``x`` sorted as integer keys (no
+    payload; several times faster on XLA:CPU than sorting (score, loss) pairs).
+    Kernel family ``'sort_keys'`` (:mod:`calib_jax.kernels`); plain:
+    :func:`_tie_groups_plain`."""
+    return _tie_groups(_sortable(x))
+
+
+def _tie_groups_plain(x):
+    """Plain :func:`_tie_groups_packed`: the float keys themselves."""
+    return _tie_groups(x)
 
 
 def _sortable(x: jax.Array) -> jax.Array:

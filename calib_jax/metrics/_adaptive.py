@@ -29,10 +29,13 @@ within one ulp of an interpolated edge that is not itself a data value.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax import kernels
 from calib_jax.metrics import _binning, _common, _kernels, _select, _validate
 
 
@@ -98,7 +101,7 @@ def equal_mass_stats(conf, correct, valid, num_bins, rule):
     (0 for an empty bin).
     """
     n = jnp.sum(valid.astype(jnp.int32))
-    s, a = _common.unpack_key(jnp.sort(_common.sort_key(conf, correct, valid)))
+    s, a = _common.sorted_by_confidence(conf, correct, valid)
     s = jnp.where(lax.iota(jnp.int32, s.shape[0]) < n, s, jnp.inf)
     bins = assign_sorted(s, n, num_bins, rule)
     count = jax.ops.segment_sum(jnp.ones_like(a), bins, num_bins)
@@ -126,6 +129,26 @@ def check_equal_mass(convention: _binning.Convention) -> str:
 SELECT_MIN_ROWS = 1 << 15
 
 
+def _rank_stats_select(conf, correct, valid, *, num_bins):
+    """``(count, sum_conf, sum_correct, n)`` of the ``'rank'`` bins by radix
+    select (kernel family ``'metric_radix_select'``; plain:
+    :func:`_rank_stats_sort`)."""
+    conf = conf.astype(jnp.float32) + 0.0  # the values the sort path bins
+    bins = _select.rank_bins(conf, valid, num_bins)
+    count, sum_conf, sum_correct = _kernels.accumulate_top_label(
+        conf, correct, bins, valid, num_bins
+    )
+    return count, sum_conf, sum_correct, jnp.sum(valid.astype(jnp.int32))
+
+
+def _rank_stats_sort(conf, correct, valid, *, num_bins):
+    """Plain :func:`_rank_stats_select`: sort, then cut (:func:`assign_sorted`)."""
+    count, sum_conf, sum_correct, n, _, _ = equal_mass_stats(
+        conf, correct, valid, num_bins, "rank"
+    )
+    return count, sum_conf.astype(jnp.float32), sum_correct, n
+
+
 def equal_mass_error(probs, labels, where, num_bins, convention, p):
     """Top-label binned error with the convention's equal-mass bins (traceable).
 
@@ -137,12 +160,14 @@ def equal_mass_error(probs, labels, where, num_bins, convention, p):
     conf, correct = _common.top_label(probs, labels)
     valid = _common.mask_or_ones(where, conf.shape[0])
     if convention.equal_mass == "rank" and conf.shape[0] >= SELECT_MIN_ROWS:
-        conf = conf.astype(jnp.float32) + 0.0  # the values the sort path bins
-        bins = _select.rank_bins(conf, valid, num_bins)
-        count, sum_conf, sum_correct = _kernels.accumulate_top_label(
-            conf, correct, bins, valid, num_bins
+        count, sum_conf, sum_correct, n = kernels.select(
+            "metric_radix_select",
+            functools.partial(_rank_stats_select, num_bins=num_bins),
+            functools.partial(_rank_stats_sort, num_bins=num_bins),
+            conf,
+            correct,
+            valid,
         )
-        n = jnp.sum(valid.astype(jnp.int32))
     else:
         count, sum_conf, sum_correct, n, _, _ = equal_mass_stats(
             conf, correct, valid, num_bins, convention.equal_mass

@@ -19,7 +19,7 @@ def _sorted_top_label(probs, labels, where):
     conf, correct = _common.top_label(probs, labels)
     valid = _common.mask_or_ones(where, conf.shape[0])
     n = jnp.sum(valid.astype(jnp.int32))
-    s, a = _common.unpack_key(jnp.sort(_common.sort_key(conf, correct, valid)))
+    s, a = _common.sorted_by_confidence(conf, correct, valid)
     s = jnp.where(lax.iota(jnp.int32, s.shape[0]) < n, s, jnp.inf)
     return s, a, n
 

@@ -5,9 +5,13 @@ Everything here is jittable and does no value checks.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from calib_jax import kernels
 
 # The top label is found with one max-reduction over packed uint32 keys in
 # rows of at most this many classes (XLA:CPU vectorises those well); wider
@@ -68,14 +72,39 @@ def top_label(probs: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array
 
     Returns:
       ``(conf, correct)``: float ``[N]`` and bool ``[N]``.
+
+    Kernel families ``'metric_top_label'`` (``K <= 32``) and
+    ``'metric_top_label_blocks'`` (wider rows) of :mod:`calib_jax.kernels`: the
+    plain formulation is :func:`top_label_plain`; float64 reference
+    ``tests/_reference_metrics.py``.
     """
     probs = as_float(probs)
     labels = labels.astype(jnp.int32)
-    n, k = probs.shape
+    k = probs.shape[1]
     group = _group_size(k) if probs.dtype == jnp.float32 else None
     if group is None:
-        conf = jnp.max(probs, axis=1)
-        return conf, jnp.argmax(probs, axis=1).astype(jnp.int32) == labels
+        return top_label_plain(probs, labels)
+    # Two families: rows of at most 32 classes reduce directly, wider rows are
+    # viewed as blocks of a divisor of K (a different memory layout).
+    family = "metric_top_label" if group == k else "metric_top_label_blocks"
+    return kernels.select(
+        family,
+        functools.partial(_top_label_packed, group=group),
+        top_label_plain,
+        probs,
+        labels,
+    )
+
+
+def top_label_plain(probs: jax.Array, labels: jax.Array):
+    """Plain formulation of :func:`top_label`: ``jnp.max`` and ``jnp.argmax``."""
+    conf = jnp.max(probs, axis=1)
+    return conf, jnp.argmax(probs, axis=1).astype(jnp.int32) == labels
+
+
+def _top_label_packed(probs, labels, *, group):
+    """The packed-key reduction of :func:`top_label` (float32, ``group | K``)."""
+    n, k = probs.shape
     if group == k:
         key = _packed_max(probs, labels, None)
     else:
@@ -96,7 +125,8 @@ def sort_key(conf: jax.Array, flag: jax.Array, valid: jax.Array) -> jax.Array:
 
     For ``0 <= conf < 2`` the float32 bit pattern is monotone and the key fits
     in int32; excluded rows get the largest key. XLA:CPU sorts a single int32
-    array several times faster than float keys with a payload.
+    array several times faster than float keys with a payload. Kernel family
+    ``'sort_keys'``; plain formulation :func:`sorted_by_confidence_plain`.
     """
     bits = lax.bitcast_convert_type(conf.astype(jnp.float32) + 0.0, jnp.int32)
     key = bits * 2 + flag.astype(jnp.int32)
@@ -108,8 +138,46 @@ def unpack_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
     return lax.bitcast_convert_type(key >> 1, jnp.float32), key & 1
 
 
+def sorted_by_confidence(
+    conf: jax.Array, flag: jax.Array, valid: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """``(conf, flag)`` sorted by confidence, then flag; excluded rows last.
+
+    Args:
+      conf: float ``[N]`` confidences in [0, 1].
+      flag: bool ``[N]``.
+      valid: bool ``[N]`` included rows.
+
+    Returns:
+      float32 ``[N]`` sorted confidences (``-0.0`` read as ``0.0``; the values
+      of the excluded rows at the end are unspecified) and int32 ``[N]`` flags.
+
+    Kernel family ``'sort_keys'`` (:mod:`calib_jax.kernels`): one sort of the
+    packed int32 keys of :func:`sort_key`; the plain formulation is
+    :func:`sorted_by_confidence_plain`.
+    """
+    return kernels.select(
+        "sort_keys", _sorted_packed, sorted_by_confidence_plain, conf, flag, valid
+    )
+
+
+def _sorted_packed(conf, flag, valid):
+    return unpack_key(jnp.sort(sort_key(conf, flag, valid)))
+
+
+def sorted_by_confidence_plain(conf, flag, valid):
+    """Plain :func:`sorted_by_confidence`: ``lax.sort`` of (float key, flag)."""
+    c = jnp.where(valid, conf.astype(jnp.float32) + 0.0, jnp.inf)
+    f = jnp.where(valid, flag.astype(jnp.int32), 1)
+    return lax.sort((c, f), num_keys=2)
+
+
 def sortable_int(x: jax.Array) -> jax.Array:
-    """int32 keys ordered like the (non-NaN) float32 values ``x``."""
+    """int32 keys ordered like the (non-NaN) float32 values ``x``.
+
+    Kernel family ``'sort_keys'`` (OOD metrics); the plain formulations sort
+    the floats (``_ood._ranks_plain``, ``_ood._accepted_plain``).
+    """
     bits = lax.bitcast_convert_type(x.astype(jnp.float32) + 0.0, jnp.int32)
     return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
 

@@ -1,16 +1,20 @@
 r"""Accumulation kernels of :class:`~calib_jax.metrics.BinnedStats`.
 
 Both turn one batch into per-bin sums with scatter-adds over ``[N]`` (top
-label) or blocks of ``[rows, K]`` (class-wise) values; neither materialises
-an ``[N, bins]`` or ``[N, K]`` intermediate.
+label) or blocks of ``[rows, K]`` (class-wise) values; neither tuned kernel
+materialises an ``[N, bins]`` or ``[N, K]`` intermediate. Each keeps a plain
+formulation (``*_plain``); :mod:`calib_jax.kernels` picks one per platform.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax import kernels
 from calib_jax.metrics import _binning, _common
 
 # Rows per accumulation block. A block's per-bin count and correct count are
@@ -21,7 +25,43 @@ _PACK = 4096.0
 _CLASSWISE_BLOCK = 1 << 18
 
 
+def _in_range(bins, valid, slots):
+    """The accumulator of every row, ``slots`` (dropped) when it has none."""
+    return jnp.where(valid & (bins >= 0) & (bins < slots), bins, slots)
+
+
 def accumulate_top_label(conf, correct, bins, valid, slots):
+    """Top-label per-bin ``(count, sum conf, sum correct)``, each ``[slots]``.
+
+    Kernel family ``'metric_scatter'`` (:mod:`calib_jax.kernels`): tuned
+    :func:`_accumulate_packed`, plain :func:`accumulate_top_label_plain`;
+    float64 reference ``tests/_reference_metrics.py``.
+    """
+    return kernels.select(
+        "metric_scatter",
+        functools.partial(_accumulate_packed, slots=slots),
+        functools.partial(accumulate_top_label_plain, slots=slots),
+        conf,
+        correct,
+        bins,
+        valid,
+    )
+
+
+def accumulate_top_label_plain(conf, correct, bins, valid, *, slots):
+    """Plain :func:`accumulate_top_label`: one ``.at[bin].add`` per statistic."""
+    seg = _in_range(bins, valid, slots)
+    count = jnp.zeros((slots,), jnp.int32).at[seg].add(1, mode="drop")
+    sum_conf = jnp.zeros((slots,), conf.dtype).at[seg].add(conf, mode="drop")
+    n_correct = (
+        jnp.zeros((slots,), jnp.int32)
+        .at[seg]
+        .add(correct.astype(jnp.int32), mode="drop")
+    )
+    return count, sum_conf, n_correct
+
+
+def _accumulate_packed(conf, correct, bins, valid, *, slots):
     """Top-label per-bin (count, sum conf, sum correct) with one scatter-add.
 
     Each row adds ``conf + i * (4096 + correct)`` (a complex number) to the
@@ -45,12 +85,34 @@ def accumulate_top_label(conf, correct, bins, valid, slots):
 
 
 def gap_sums_top_label(conf, correct, bins, valid, slots):
-    """Per-bin ``sum(conf - correct)`` with one float scatter-add (ECE fast path).
+    """Per-bin ``sum(conf - correct)``, ``[slots]`` (ECE fast path).
 
     For ``p = 1`` with only empty bins skipped, ECE needs nothing else:
-    ``sum_b |sum_{i in b} (c_i - a_i)| / N``. Half the bytes of
-    :func:`accumulate_top_label` per row, same blocks and lanes.
+    ``sum_b |sum_{i in b} (c_i - a_i)| / N``. Kernel family
+    ``'metric_scatter'``: tuned :func:`_gap_sums_blocked`, plain
+    :func:`gap_sums_top_label_plain`.
     """
+    return kernels.select(
+        "metric_scatter",
+        functools.partial(_gap_sums_blocked, slots=slots),
+        functools.partial(gap_sums_top_label_plain, slots=slots),
+        conf,
+        correct,
+        bins,
+        valid,
+    )
+
+
+def gap_sums_top_label_plain(conf, correct, bins, valid, *, slots):
+    """Plain :func:`gap_sums_top_label`: one ``.at[bin].add``."""
+    gap = conf - correct.astype(conf.dtype)
+    seg = _in_range(bins, valid, slots)
+    return jnp.zeros((slots,), conf.dtype).at[seg].add(gap, mode="drop")
+
+
+def _gap_sums_blocked(conf, correct, bins, valid, *, slots):
+    """:func:`gap_sums_top_label` with one float scatter-add in row blocks and
+    lanes: half the bytes of :func:`_accumulate_packed` per row."""
     n = conf.shape[0]
     lanes = 8 if slots <= 64 else 1
     blocks = -(-n // _BLOCK)
@@ -64,7 +126,58 @@ def gap_sums_top_label(conf, correct, bins, valid, slots):
 
 
 def accumulate_classwise(probs, labels, valid, num_bins, convention):
-    """Per-class per-bin statistics ``[K, S]`` in blocks of rows (lax.scan).
+    """Per-class per-bin ``(count, sum conf, sum correct)``, each ``[K, S]``.
+
+    Kernel family ``'metric_classwise'`` (:mod:`calib_jax.kernels`): tuned
+    :func:`_accumulate_classwise_blocked`, plain
+    :func:`accumulate_classwise_plain`; float64 reference
+    ``tests/_reference_metrics.py``.
+    """
+    return kernels.select(
+        "metric_classwise",
+        functools.partial(
+            _accumulate_classwise_blocked, num_bins=num_bins, convention=convention
+        ),
+        functools.partial(
+            accumulate_classwise_plain, num_bins=num_bins, convention=convention
+        ),
+        probs,
+        labels,
+        valid,
+    )
+
+
+def _correct_counts(probs, labels, valid, num_bins, convention, slots):
+    """Per-class per-bin correct counts ``[K * S]``: only the label entry of
+    each row is 1, so one scatter of ``N`` ones."""
+    k = probs.shape[1]
+    lab = labels.astype(jnp.int32)
+    lab_bins = _binning.bin_index(_common.label_prob(probs, lab), num_bins, convention)
+    seg = jnp.where(valid & (lab_bins >= 0), lab * slots + lab_bins, k * slots)
+    return jax.ops.segment_sum(jnp.ones(lab.shape, jnp.int32), seg, k * slots)
+
+
+def accumulate_classwise_plain(probs, labels, valid, *, num_bins, convention):
+    """Plain :func:`accumulate_classwise`: one ``.at[].add`` over ``[N, K]``."""
+    k = probs.shape[1]
+    slots = _binning.num_slots(convention, num_bins)
+    bins = _binning.bin_index(probs, num_bins, convention)
+    cls = lax.broadcasted_iota(jnp.int32, probs.shape, 1)
+    keep = valid[:, None] & (bins >= 0)
+    seg = jnp.where(keep, cls * slots + bins, k * slots)
+    count = jnp.zeros((k * slots,), jnp.int32).at[seg].add(1, mode="drop")
+    # Excluded rows may hold NaN: select (not multiply) them away.
+    values = jnp.where(keep, probs, 0.0)
+    sum_conf = jnp.zeros((k * slots,), probs.dtype).at[seg].add(values, mode="drop")
+    n_correct = _correct_counts(probs, labels, valid, num_bins, convention, slots)
+    shape = (k, slots)
+    return count.reshape(shape), sum_conf.reshape(shape), n_correct.reshape(shape)
+
+
+def _accumulate_classwise_blocked(probs, labels, valid, *, num_bins, convention):
+    """Per-class per-bin statistics ``[K, S]`` in blocks of rows (lax.scan);
+    tuned kernel of :func:`accumulate_classwise` (plain:
+    :func:`accumulate_classwise_plain`).
 
     Most probabilities of a K-class softmax fall in bin 0, so bin 0 is not
     scattered: its count and sum are the column totals (one matrix-vector
@@ -109,9 +222,5 @@ def accumulate_classwise(probs, labels, valid, num_bins, convention):
         n_valid = jnp.sum(valid.astype(jnp.int32))
         count = count.at[:, 0].set(n_valid - jnp.sum(count, axis=1))
         sum_conf = sum_conf.at[:, 0].set(col_sum - jnp.sum(sum_conf, axis=1))
-    # Correct counts: only the label entry of each row is 1.
-    lab = labels.astype(jnp.int32)
-    lab_bins = _binning.bin_index(_common.label_prob(probs, lab), num_bins, convention)
-    seg = jnp.where(valid & (lab_bins >= 0), lab * slots + lab_bins, k * slots)
-    n_correct = jax.ops.segment_sum(jnp.ones((n,), jnp.int32), seg, k * slots)
+    n_correct = _correct_counts(probs, labels, valid, num_bins, convention, slots)
     return count, sum_conf, n_correct.reshape(k, slots)

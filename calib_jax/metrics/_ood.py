@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax import kernels
 from calib_jax.metrics import _common, _validate
 
 
@@ -28,16 +29,34 @@ def _as_scores(x, where, name):
     return _validate.check_scores(x, where, name=name)
 
 
+def _ranks(ref, query):
+    """Numbers of ``ref`` keys below and at-or-below each query key."""
+    below = jnp.searchsorted(ref, query, side="left")
+    return below, jnp.searchsorted(ref, query, side="right")
+
+
+def _ranks_packed(s_in, s_out, v_out):
+    """Ranks of ``s_in`` among the included ``s_out`` on packed int32 keys
+    (kernel family ``'sort_keys'``; plain: :func:`_ranks_plain`)."""
+    top = jnp.iinfo(jnp.int32).max
+    ref = jnp.sort(jnp.where(v_out, _common.sortable_int(s_out), top))
+    return _ranks(ref, _common.sortable_int(s_in))
+
+
+def _ranks_plain(s_in, s_out, v_out):
+    """Plain :func:`_ranks_packed`: a float sort (``-0.0`` read as ``0.0``)."""
+    ref = jnp.sort(jnp.where(v_out, s_out.astype(jnp.float32) + 0.0, jnp.inf))
+    return _ranks(ref, s_in.astype(jnp.float32) + 0.0)
+
+
 @jax.jit
 def _auroc_core(s_in, s_out, w_in, w_out):
     s_in, s_out = _common.as_float(s_in), _common.as_float(s_out)
     v_in = _common.mask_or_ones(w_in, s_in.shape[0])
     v_out = _common.mask_or_ones(w_out, s_out.shape[0])
-    top = jnp.iinfo(jnp.int32).max
-    ref = jnp.sort(jnp.where(v_out, _common.sortable_int(s_out), top))
-    query = _common.sortable_int(s_in)
-    below = jnp.searchsorted(ref, query, side="left")
-    at_or_below = jnp.searchsorted(ref, query, side="right")
+    below, at_or_below = kernels.select(
+        "sort_keys", _ranks_packed, _ranks_plain, s_in, s_out, v_out
+    )
     n_out = jnp.maximum(jnp.sum(v_out), 1).astype(s_in.dtype)
     frac = 0.5 * (below + at_or_below).astype(s_in.dtype) / n_out
     n_in = jnp.maximum(jnp.sum(v_in), 1).astype(s_in.dtype)
@@ -89,6 +108,21 @@ def ood_auroc(
     return _auroc_core(s_in, s_out, w_in, w_out)
 
 
+def _accepted_packed(s_in, s_out, v_in, v_out, position):
+    """Included ``s_out`` at or above the ``position``-th sorted included
+    ``s_in`` (excluded rows first), on packed int32 keys (kernel family
+    ``'sort_keys'``; plain: :func:`_accepted_plain`)."""
+    low = jnp.iinfo(jnp.int32).min
+    keys = jnp.sort(jnp.where(v_in, _common.sortable_int(s_in), low))
+    return v_out & (_common.sortable_int(s_out) >= keys[position])
+
+
+def _accepted_plain(s_in, s_out, v_in, v_out, position):
+    """Plain :func:`_accepted_packed`: a float sort (``-0.0`` read as ``0.0``)."""
+    keys = jnp.sort(jnp.where(v_in, s_in.astype(jnp.float32) + 0.0, -jnp.inf))
+    return v_out & (s_out.astype(jnp.float32) + 0.0 >= keys[position])
+
+
 @functools.partial(jax.jit, static_argnums=(4, 5))
 def _fpr_core(s_in, s_out, w_in, w_out, num, den):
     s_in, s_out = _common.as_float(s_in), _common.as_float(s_out)
@@ -98,11 +132,17 @@ def _fpr_core(s_in, s_out, w_in, w_out, num, den):
     # k = ceil(n_in * num / den) in int32 without overflow.
     q, r = n_in // den, n_in % den
     k = jnp.clip(q * num + (r * num + den - 1) // den, 1, jnp.maximum(n_in, 1))
-    keys = jnp.sort(
-        jnp.where(v_in, _common.sortable_int(s_in), jnp.iinfo(jnp.int32).min)
+    # Position of the k-th largest included score in the ascending sort.
+    accepted = kernels.select(
+        "sort_keys",
+        _accepted_packed,
+        _accepted_plain,
+        s_in,
+        s_out,
+        v_in,
+        v_out,
+        s_in.shape[0] - k,
     )
-    threshold = keys[s_in.shape[0] - k]  # the k-th largest included score
-    accepted = v_out & (_common.sortable_int(s_out) >= threshold)
     n_out = jnp.maximum(jnp.sum(v_out), 1)
     return jnp.sum(accepted).astype(jnp.float32) / n_out.astype(jnp.float32)
 

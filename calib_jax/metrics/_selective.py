@@ -35,11 +35,11 @@ def _aurc_core(probs, labels, where):
     size = conf.shape[0]
     valid = _common.mask_or_ones(where, size)
     n = jnp.sum(valid.astype(jnp.int32))
-    # Ascending int keys, excluded rows last; reversed below for descending
-    # confidence. The order inside a group of ties does not matter.
-    key = jnp.sort(_common.sort_key(conf, ~correct, valid))
-    key = jnp.roll(key[::-1], n)  # descending valid keys first, excluded last
-    s, err = _common.unpack_key(key)
+    # Ascending (confidence, error), excluded rows last; reversed below for
+    # descending confidence. The order inside a group of ties does not matter.
+    s, err = _common.sorted_by_confidence(conf, ~correct, valid)
+    # Descending valid rows first, excluded last.
+    s, err = jnp.roll(s[::-1], n), jnp.roll(err[::-1], n)
     alpha = _position_weights(n, size, conf.dtype)
     # Tied confidences: every member gets the mean weight of the group's
     # positions (the expectation over orderings of the ties).

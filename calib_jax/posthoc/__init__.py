@@ -1,14 +1,17 @@
 """Post-hoc calibrators as pure functions: temperature scaling (NLL, SB-ECE,
 HB-ECE search, ECE grid), ETS, PTS, CTS, vector/matrix scaling, Dirichlet
-calibration with ODIR, and class-wise loss scaling.
+calibration with ODIR, class-wise loss scaling, histogram binning, isotonic
+regression, and (K = 2) Platt and Beta calibration.
 
 Every fitter takes validation logits ``[N, K]``, labels ``[N]`` and an
 optional ``where`` mask and returns parameters; the matching ``apply_*``
 function maps logits to calibrated logits. ``fit(name, logits, labels)``
 returns a :class:`Calibrator` pytree for the registry path (and the CLI,
-``python -m calib_jax.posthoc``).
+``python -m calib_jax.posthoc``); ``Calibrator.save(path)`` and
+:func:`load` store and restore it exactly.
 """
 
+from calib_jax.posthoc._binary import apply_beta, apply_platt, fit_beta, fit_platt
 from calib_jax.posthoc._calibrator import Calibrator, Method
 from calib_jax.posthoc._classwise_scaling import (
     fit_alpha_beta,
@@ -19,15 +22,22 @@ from calib_jax.posthoc._classwise_scaling import (
 from calib_jax.posthoc._cts import apply_cts, fit_cts
 from calib_jax.posthoc._dirichlet import apply_dirichlet, fit_dirichlet
 from calib_jax.posthoc._ets import apply_ets, fit_ets
+from calib_jax.posthoc._histogram import (
+    apply_histogram_binning,
+    fit_histogram_binning,
+)
+from calib_jax.posthoc._isotonic import apply_isotonic, fit_isotonic
 from calib_jax.posthoc._matrix import (
     apply_matrix_scaling,
     apply_vector_scaling,
     fit_matrix_scaling,
     fit_vector_scaling,
 )
+from calib_jax.posthoc._persist import load
 from calib_jax.posthoc._pts import apply_pts, fit_pts
 from calib_jax.posthoc._registry import (
     ACCURACY_PRESERVING,
+    BINARY_ONLY,
     CALIBRATORS,
     fit,
     get_calibrator,
@@ -37,31 +47,44 @@ from calib_jax.posthoc._temperature import (
     apply_temperature,
     fit_temperature,
 )
+from calib_jax.posthoc._validate import TEMPERATURE_RANGE, SuspiciousFitWarning
 
 __all__ = [
     "ACCURACY_PRESERVING",
+    "BINARY_ONLY",
     "CALIBRATORS",
     "OBJECTIVES",
+    "TEMPERATURE_RANGE",
     "Calibrator",
     "Method",
+    "SuspiciousFitWarning",
+    "apply_beta",
     "apply_cts",
     "apply_dirichlet",
     "apply_ets",
+    "apply_histogram_binning",
+    "apply_isotonic",
     "apply_matrix_scaling",
+    "apply_platt",
     "apply_pts",
     "apply_temperature",
     "apply_vector_scaling",
     "fit",
     "fit_alpha_beta",
+    "fit_beta",
     "fit_classwise",
     "fit_cts",
     "fit_dirichlet",
     "fit_ets",
+    "fit_histogram_binning",
+    "fit_isotonic",
     "fit_matrix_scaling",
+    "fit_platt",
     "fit_pts",
     "fit_temperature",
     "fit_vector_scaling",
     "get_calibrator",
+    "load",
     "normalize_class_losses",
     "scaling_weights",
 ]

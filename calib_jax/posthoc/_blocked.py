@@ -22,9 +22,13 @@ end at row ``N`` (it recomputes a few rows, writing the same values).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from calib_jax import kernels
 
 # Entries of the logits per block: large enough to amortise the loop, small
 # enough for the block's temporaries to stay in cache.
@@ -39,12 +43,37 @@ def block_rows(n: int, k: int) -> int:
 def exp_sums(z: jax.Array, m: jax.Array, s: jax.Array, *, with_w: bool):
     r"""Returns :math:`S(s)` (and :math:`W(s)` when ``with_w``), each ``[N]``.
 
+    Kernel family ``'posthoc_temperature'`` (:mod:`calib_jax.kernels`): tuned
+    :func:`_exp_sums_blocked`, plain :func:`exp_sums_plain`; float64
+    references in ``tests/_reference_posthoc.py``.
+
     Args:
       z: float ``[N, K]`` logits (excluded rows already zeroed).
       m: float ``[N]`` row maxima of ``z``.
       s: inverse temperature :math:`1/T > 0`, scalar or per row ``[N]``.
       with_w: static; also return :math:`W`.
     """
+    return kernels.select(
+        "posthoc_temperature",
+        functools.partial(_exp_sums_blocked, with_w=with_w),
+        functools.partial(exp_sums_plain, with_w=with_w),
+        z,
+        m,
+        s,
+    )
+
+
+def exp_sums_plain(z, m, s, *, with_w: bool):
+    """Plain :func:`exp_sums`: one pass over the whole ``[N, K]`` array."""
+    d = z - m[:, None]
+    e = jnp.exp((s[:, None] if jnp.ndim(s) == 1 else s) * d)
+    if with_w:
+        return jnp.sum(e, axis=1), jnp.sum(e * d, axis=1)
+    return jnp.sum(e, axis=1)
+
+
+def _exp_sums_blocked(z, m, s, *, with_w: bool):
+    """:func:`exp_sums` in a ``lax.fori_loop`` over blocks of rows."""
     n, k = z.shape
     rows = block_rows(n, k)
     num_blocks = -(-n // rows)

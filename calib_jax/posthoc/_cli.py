@@ -1,156 +1,198 @@
 """``python -m calib_jax.posthoc``: fit post-hoc calibrators on validation
-logits, evaluate them on test logits, print a table and write JSON.
+logits, score them on test and shifted test logits, and write the table, the
+JSON, the calibrated logits and the fitted calibrators.
 
-Example::
+Examples::
 
+    python -m calib_jax.posthoc --workdir RUN --method ts:nll,ets,dirichlet
     python -m calib_jax.posthoc --val val.npz --test test.npz \\
-        --method ts:nll --method ts:sb_ece --method cts --method ts:nll+classwise
+        --method ts:nll --method ts:sb_ece --out /tmp/calibrated
 
-Each ``.npz`` holds ``logits`` ``[N, K]`` and ``labels`` ``[N]`` (other key
-names via ``--logits-key``/``--labels-key``). The JSON goes to ``--out``
-(default: ``<test stem>_posthoc.json`` beside the test file) and is never
-overwritten unless ``--overwrite`` is given. Every path may be local or a
-``gs://`` URL. User errors (bad files, keys, values, method names, a malformed
-URL or an unreachable bucket) print one line on stderr and exit with status 2.
+``--workdir RUN`` reads what a training run exported: ``logits/val.npz``,
+``logits/test.npz`` and every ``logits/shift_<corruption>_<severity>.npz``.
+``--val``/``--test`` name two ``.npz`` files of ``logits [N, K]`` and
+``labels [N]`` (other keys: ``--logits_key``, ``--labels_key``). Each
+``--method`` (repeatable, or a comma-separated list) is fitted on val and
+scored on test and every shift. Under ``--out`` (default ``RUN/posthoc``, or
+``<test stem>_posthoc/`` beside the test file):
+
+- ``table.md``: the printed tables (test, and the mean over the shifts);
+- ``results.json``: per method the fit (seconds, parameters, warnings) and
+  the metrics on val, test, every shift and their mean;
+- ``calibrated/<method>/<split>.npz``: calibrated logits and labels
+  (``<method>`` with ``:`` written ``_``, e.g. ``ts_nll``);
+- ``calibrators/<method>.npz``: the fitted calibrator, read back by
+  :func:`calib_jax.posthoc.load`.
+
+Nothing is replaced without ``--overwrite``. Every path may be local or a
+``gs://`` URL. A user error (a bad flag, file, key, value or method name, a
+workdir without logits, a malformed URL or an unreachable bucket) prints one
+line on stderr (``error: ...``) and exits with status 2 before any fitting.
+A fit that looks wrong (validation accuracy below chance, a fitted
+temperature outside [0.05, 20]) prints one line ``warning: ...`` naming the
+likely cause.
 """
 
 from __future__ import annotations
 
-import argparse
-import io
 import json
 import sys
 import time
-import zipfile
-import zlib
+import warnings
+from collections.abc import Sequence
 
 import numpy as np
-from etils import epath
+from absl import flags
 
-from calib_jax import storage
+from calib_jax.posthoc import _cli_files as files
+from calib_jax.posthoc._cli_files import UserError
 
 PROG = "python -m calib_jax.posthoc"
 EXIT_USAGE = 2
+# Seconds between progress lines when stderr is not a terminal.
+LOG_INTERVAL = 30.0
+_HELP = ("-h", "--help", "-help", "--helpfull", "--helpshort")
+# (results.json key, table column)
+_COLUMNS = (
+    ("accuracy", "acc"),
+    ("nll", "nll"),
+    ("ece", "ece"),
+    ("adaptive_ece", "ada_ece"),
+    ("classwise_ece", "cw_ece"),
+    ("brier", "brier"),
+)
 
 
-class UserError(Exception):
-    """An error in the command line or the input files (exit status 2)."""
+def _define(fv: flags.FlagValues) -> None:
+    """Defines the command's flags in ``fv``."""
+    from calib_jax.posthoc._temperature import OBJECTIVES
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        raise UserError(message)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=PROG,
-        description="Fit post-hoc calibrators on validation logits and evaluate "
-        "them on test logits.",
+    kw = {"flag_values": fv}
+    flags.DEFINE_string(
+        "workdir",
+        None,
+        "a training run's workdir: fit on its val logits, score its test and "
+        "every shift (instead of --val/--test)",
+        **kw,
     )
-    p.add_argument("--val", required=True, help="validation .npz (fit set)")
-    p.add_argument("--test", required=True, help="test .npz (evaluation set)")
-    p.add_argument(
-        "--method",
-        action="append",
-        required=True,
-        help="calibrator name, repeatable: ts, ts:nll, ts:sb_ece, ts:hb_ece, "
-        "ts:ece_grid, ets, pts, cts, vector, matrix, dirichlet, and "
-        "<ts|ts:nll|ets|pts|cts>+classwise",
+    flags.DEFINE_string("val", None, "validation .npz (the fit set)", **kw)
+    flags.DEFINE_string("test", None, "test .npz (the evaluation set)", **kw)
+    flags.DEFINE_multi_string(
+        "method",
+        [],
+        "calibrator(s), repeatable or comma-separated: ts, ts:<objective>, ets, "
+        "pts, cts, vector, matrix, dirichlet, histogram_binning, isotonic, "
+        "platt, beta (K = 2), and <ts|ts:nll|ets|pts|cts>+classwise",
+        **kw,
     )
-    p.add_argument(
-        "--objective",
-        default=None,
-        help="objective for a bare 'ts' method (default nll)",
+    flags.DEFINE_enum(
+        "objective", None, OBJECTIVES, "objective of a bare 'ts' (default nll)", **kw
     )
-    p.add_argument("--out", default=None, help="JSON output path")
-    p.add_argument(
-        "--overwrite", action="store_true", help="replace an existing --out file"
+    flags.DEFINE_string(
+        "out", None, "output directory (default RUN/posthoc or <test>_posthoc)", **kw
     )
-    p.add_argument("--seed", type=int, default=0, help="initialisation seed (PTS)")
-    p.add_argument(
-        "--num-bins", type=int, default=15, help="bins of the ECE metrics (15)"
-    )
-    p.add_argument("--logits-key", default="logits")
-    p.add_argument("--labels-key", default="labels")
-    return p
+    flags.DEFINE_bool("overwrite", False, "replace existing outputs", **kw)
+    flags.DEFINE_integer("seed", 0, "initialisation seed (PTS)", lower_bound=0, **kw)
+    flags.DEFINE_integer("num_bins", 15, "bins of the ECE metrics", lower_bound=1, **kw)
+    flags.DEFINE_string("logits_key", "logits", "array name of the logits", **kw)
+    flags.DEFINE_string("labels_key", "labels", "array name of the labels", **kw)
 
 
-def _as_path(value: str, what: str) -> epath.Path:
-    """Parses a path argument; a malformed URL or unreachable bucket is a UserError."""
-    try:
-        path = storage.as_path(value, what=what)
-        storage.check_reachable(path, what=what)
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    return path
+class _Help(Exception):
+    """``--help``: the text to print."""
 
 
-def _load(path: str, which: str, logits_key: str, labels_key: str):
-    file = _as_path(path, f"--{which}")
-    if not file.exists():
-        raise UserError(f"--{which} file {path!r} does not exist.")
-    if file.is_dir():
-        raise UserError(f"--{which} path {path!r} is not a file.")
-    try:
-        raw = io.BytesIO(file.read_bytes())
-    except OSError as err:
-        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise UserError(f"cannot read --{which} file {path!r}: {msg}") from None
-    if not zipfile.is_zipfile(raw):  # .npy, text, truncated or random bytes
-        raise UserError(
-            f"--{which} file {path!r} is not an .npz archive (np.savez output)."
+def parse_flags(argv: Sequence[str]) -> flags.FlagValues:
+    """Parses ``argv`` (without the program name) into fresh flag values.
+
+    The flags live in their own ``FlagValues``, not in ``absl.flags.FLAGS``,
+    so the CLI can run in-process next to the train and benchmark flags.
+
+    Raises:
+      UserError: an unknown flag, a missing or bad value, a positional
+        argument (one line).
+    """
+    fv = flags.FlagValues()
+    _define(fv)
+    if any(a in _HELP for a in argv):
+        raise _Help(
+            f"usage: {PROG} (--workdir RUN | --val VAL.npz --test TEST.npz) "
+            f"--method NAME[,NAME...] [flags]\n{fv.get_help(include_special_flags=False)}"
         )
     try:
-        with np.load(raw, allow_pickle=False) as data:
-            keys = list(data.keys())
-            for key in (logits_key, labels_key):
-                if key not in keys:
-                    raise UserError(
-                        f"--{which} file {path!r} has no array {key!r} "
-                        f"(it has: {', '.join(keys) or 'nothing'})."
-                    )
-            logits = np.asarray(data[logits_key])
-            labels = np.asarray(data[labels_key])
-    except UserError:
-        raise
-    except (zipfile.BadZipFile, zlib.error, OSError, ValueError, EOFError) as err:
-        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise UserError(f"cannot read --{which} file {path!r} as .npz: {msg}") from None
-    if labels.dtype.kind == "f" and labels.size and np.all(labels == np.round(labels)):
-        labels = labels.astype(np.int64)  # integral floats are accepted as ids
-    if logits.dtype.kind in "iub":
-        logits = logits.astype(np.float32)
-    for key, arr, kinds in ((logits_key, logits, "f"), (labels_key, labels, "iu")):
-        if arr.dtype.kind not in kinds:
-            what = "floating point" if kinds == "f" else "integer class ids"
-            raise UserError(
-                f"--{which} array {key!r} must be {what}, got dtype {arr.dtype}."
-            )
-    return logits, labels
+        rest = fv([PROG, *argv])
+    except flags.UnrecognizedFlagError as err:
+        name = err.flagname
+        hint = ""
+        if name.replace("-", "_") in fv:
+            hint = f" (flags are snake_case: --{name.replace('-', '_')})"
+        raise UserError(f"unknown flag --{name}{hint}.") from None
+    except flags.Error as err:
+        raise UserError(str(err)) from None
+    if rest[1:]:
+        raise UserError(
+            f"unexpected argument(s) {' '.join(rest[1:])!r}: give every value "
+            "with its flag (--name=value)."
+        )
+    return fv
 
 
-def _resolve_methods(methods, objective):
+def _methods(values, objective) -> list[str]:
     from calib_jax.posthoc import get_calibrator
 
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if not names:
+        raise UserError("give at least one --method (e.g. --method ts:nll,ets).")
     resolved = []
-    for name in methods:
+    for name in names:
         if objective is not None and (name == "ts" or name == "ts+classwise"):
             name = name.replace("ts", f"ts:{objective}", 1)
         try:
             get_calibrator(name)
         except ValueError as err:
             raise UserError(str(err)) from None
-        resolved.append(name)
+        if name not in resolved:
+            resolved.append(name)
     return resolved
 
 
-def _default_out(test_path: str) -> epath.Path:
-    test = _as_path(test_path, "--test")
-    return test.with_name(f"{test.stem}_posthoc.json")
+def _splits(fv):
+    """(workdir or None, splits) from --workdir or --val/--test."""
+    if fv.workdir is not None:
+        if fv.val is not None or fv.test is not None:
+            raise UserError("give --workdir, or --val and --test, not both.")
+        workdir = files.as_path(fv.workdir, "--workdir")
+        return workdir, files.workdir_splits(workdir, fv.workdir)
+    if fv.val is None or fv.test is None:
+        if fv.val is None and fv.test is None:
+            raise UserError("give --workdir RUN, or --val and --test.")
+        raise UserError(f"--{'test' if fv.test is None else 'val'} is required too.")
+    return None, files.given_splits(fv.val, fv.test)
 
 
-def _metrics(probs, labels, num_bins):
+def _load(splits, fv) -> dict:
+    """Every split's (logits, labels) as checked JAX arrays, before any fit."""
+    from calib_jax.posthoc import _validate
+
+    data = {}
+    for split in splits:
+        logits, labels = files.load_split(split, fv.logits_key, fv.labels_key)
+        try:
+            logits, labels, _ = _validate.check_inputs(logits, labels, name="logits")
+        except (ValueError, TypeError) as err:
+            raise UserError(f"{split.what}: {err}") from None
+        data[split.key] = (logits, labels)
+    k = data["val"][0].shape[1]
+    for split in splits[1:]:
+        if data[split.key][0].shape[1] != k:
+            raise UserError(
+                f"{split.what} has K = {data[split.key][0].shape[1]} classes but "
+                f"the val logits have K = {k}."
+            )
+    return data
+
+
+def _metrics(probs, labels, num_bins) -> dict[str, float]:
     from calib_jax import metrics
 
     return {
@@ -164,8 +206,6 @@ def _metrics(probs, labels, num_bins):
 
 
 def _params_summary(cal, test_logits) -> dict:
-    if cal is None:
-        return {}
     if cal.name.startswith("pts"):
         from calib_jax.posthoc._pts import sample_temperatures
 
@@ -175,8 +215,7 @@ def _params_summary(cal, test_logits) -> dict:
             "test_T_min": float(t.min()),
             "test_T_max": float(t.max()),
         }
-        aux = cal.replace(params={}).summary()
-        out.update(aux)
+        out.update(cal.replace(params={}).summary())
         return out
     return cal.summary()
 
@@ -198,109 +237,258 @@ def _short(summary: dict, width: int = 48) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _table(rows) -> str:
-    cols = ["method", "acc", "nll", "ece", "ada_ece", "cw_ece", "brier", "fit_s"]
-    keys = ["accuracy", "nll", "ece", "adaptive_ece", "classwise_ece", "brier"]
-    lines = []
-    name_w = max(len("method"), *(len(r["method"]) for r in rows))
-    header = f"{cols[0]:<{name_w}}" + "".join(f"{c:>9}" for c in cols[1:])
-    lines.append(header + "  params")
-    lines.append("-" * (len(header) + 8))
+def _markdown(header, rows, numeric) -> str:
+    """A Markdown table padded to fixed width (readable as plain text too)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+
+    def line(cells):
+        padded = (
+            c.rjust(w) if i in numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths))
+        )
+        return "| " + " | ".join(padded) + " |"
+
+    rule = "|" + "|".join(
+        "-" * (w + 1) + ":" if i in numeric else "-" * (w + 2)
+        for i, w in enumerate(widths)
+    )
+    return "\n".join([line(header), rule + "|", *map(line, rows)])
+
+
+def _tables(rows, test_split, shift_keys) -> str:
+    numeric = set(range(1, len(_COLUMNS) + 2))
+    header = ["method", *(c for _, c in _COLUMNS), "fit_s", "params"]
+    body = []
     for r in rows:
-        line = f"{r['method']:<{name_w}}" + "".join(f"{r[k]:>9.4f}" for k in keys)
-        line += (
-            f"{r['fit_seconds']:>9.2f}" if r["fit_seconds"] is not None else f"{'-':>9}"
+        fit = r["fit"]
+        body.append(
+            [r["method"]]
+            + [f"{r['test'][k]:.4f}" for k, _ in _COLUMNS]
+            + [f"{fit['seconds']:.2f}" if fit else "-"]
+            + [_short(fit["params"]) if fit else ""]
         )
-        lines.append(line + "  " + _short(r["params"]))
-    return "\n".join(lines)
-
-
-def run(argv=None) -> int:
-    """Runs the CLI; raises :class:`UserError` for user errors."""
-    args = build_parser().parse_args(argv)
-    if args.num_bins < 1:
-        raise UserError(f"--num-bins must be >= 1, got {args.num_bins}.")
-    methods = _resolve_methods(args.method, args.objective)
-    out = _as_path(args.out, "--out") if args.out else _default_out(args.test)
-    if out.exists() and not args.overwrite:
-        raise UserError(
-            f"output file {str(out)!r} exists; pass --overwrite to replace it."
+    text = f"## test: {test_split.path}\n\n" + _markdown(header, body, numeric)
+    if shift_keys:
+        header = ["method", *(c for _, c in _COLUMNS)]
+        body = [
+            [r["method"]] + [f"{r['shift_mean'][k]:.4f}" for k, _ in _COLUMNS]
+            for r in rows
+        ]
+        text += (
+            f"\n\n## shifted test: mean over {len(shift_keys)} set(s)\n\n"
+            + _markdown(header, body, set(range(1, len(_COLUMNS) + 1)))
         )
-    # An object store has no directories: any key under a reachable bucket works.
-    if not storage.is_remote(out) and not out.parent.is_dir():
-        raise UserError(f"output directory {str(out.parent)!r} does not exist.")
+    return text + "\n"
 
-    import jax
+
+class _Lines:
+    """A stream for tqdm that writes each refresh as its own line (for logs)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        line = text.replace("\r", "").strip()
+        if line:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+def _progress(total: int, first: str):
+    """A bar over fits and scored splits, shown once the work takes a while:
+    redrawn on a terminal, one line per ``LOG_INTERVAL`` seconds otherwise."""
     from tqdm import tqdm
 
-    from calib_jax.posthoc import _validate, fit
-
-    val = _load(args.val, "val", args.logits_key, args.labels_key)
-    test = _load(args.test, "test", args.logits_key, args.labels_key)
-    try:
-        val = _validate.check_inputs(*val, name="val logits")[:2]
-        test = _validate.check_inputs(*test, name="test logits")[:2]
-    except (ValueError, TypeError) as err:
-        raise UserError(str(err)) from None
-    if val[0].shape[1] != test[0].shape[1]:
-        raise UserError(
-            f"val logits have K = {val[0].shape[1]} classes but test logits have "
-            f"K = {test[0].shape[1]}."
+    if sys.stderr.isatty():
+        return tqdm(
+            total=total,
+            desc=f"fit {first}",
+            unit="task",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            delay=2.0,
         )
-    test_logits, test_labels = test
+    return tqdm(
+        total=total,
+        desc=f"fit {first}",
+        unit="task",
+        file=_Lines(sys.stderr),
+        ascii=True,
+        ncols=100,
+        mininterval=LOG_INTERVAL,
+        delay=LOG_INTERVAL,
+    )
 
-    rows = [
-        {
-            "method": "uncalibrated",
-            **_metrics(
-                jax.nn.softmax(test_logits.astype("float32")),
-                test_labels,
-                args.num_bins,
-            ),
-            "fit_seconds": None,
-            "params": {},
-        }
-    ]
-    for name in tqdm(
-        methods, desc="fitting", unit="method", disable=None, file=sys.stderr
-    ):
-        kwargs = {"seed": args.seed} if "pts" in name or "classwise" in name else {}
-        start = time.perf_counter()
+
+def _one_line(text: str) -> str:
+    return " ".join(ln.strip() for ln in str(text).splitlines() if ln.strip())
+
+
+def _warn(line: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(f"warning: {_one_line(line)}", file=sys.stderr)
+
+
+def _fit(name, val, seed):
+    """Fits one method; its SuspiciousFitWarnings become one stderr line each."""
+    import jax
+
+    from calib_jax import posthoc
+
+    kwargs = {"seed": seed} if "pts" in name or "classwise" in name else {}
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", posthoc.SuspiciousFitWarning)
         try:
-            cal = fit(name, *val, **kwargs)
+            cal = posthoc.fit(name, *val, **kwargs)
             jax.block_until_ready(cal.params)
         except (ValueError, TypeError) as err:
             raise UserError(f"{name}: {err}") from None
-        seconds = time.perf_counter() - start
-        probs = cal.probs(test_logits)
-        rows.append(
-            {
-                "method": name,
-                **_metrics(probs, test_labels, args.num_bins),
-                "fit_seconds": seconds,
-                "params": _params_summary(cal, test_logits),
-            }
+    seconds = time.perf_counter() - start
+    notes = []
+    for w in caught:
+        if issubclass(w.category, posthoc.SuspiciousFitWarning):
+            notes.append(_one_line(str(w.message)))
+            _warn(notes[-1])
+        else:  # shown as they would have been
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return cal, seconds, notes
+
+
+def run(fv: flags.FlagValues) -> int:
+    """Runs the command on parsed flags; raises :class:`UserError` for user errors."""
+    methods = _methods(fv.method, fv.objective)
+    workdir, splits = _splits(fv)
+    out = files.output_dir(fv.out, workdir, splits[1])
+    if not fv.overwrite:
+        existing = files.first_existing(files.outputs(out, methods))
+        if existing is not None:
+            raise files.refuse(existing)
+
+    from calib_jax import posthoc, storage
+    from calib_jax.posthoc import _binary
+
+    data = _load(splits, fv)
+    val, (test_logits, test_labels) = data["val"], data["test"]
+    k = val[0].shape[1]
+    for name in methods:
+        if name in posthoc.BINARY_ONLY:
+            try:
+                _binary.check_binary(name, val[0])
+            except ValueError as err:
+                raise UserError(str(err)) from None
+    accuracy = float(np.mean(np.argmax(test_logits, -1) == np.asarray(test_labels)))
+    if accuracy < 1.0 / k:
+        _warn(
+            f"{splits[1].what}: accuracy {accuracy:.4f} is below chance (1/K = "
+            f"{1.0 / k:.4f}): the labels are probably misaligned with the logits "
+            "(rows in another order, or labels of another split)."
         )
 
-    print(_table(rows))
-    payload = {
-        "val": str(args.val),
-        "test": str(args.test),
-        "num_bins": args.num_bins,
-        "ece": f"top-label, {args.num_bins} equal-width bins, l1",
-        "adaptive_ece": f"top-label, {args.num_bins} equal-mass bins, l1",
-        "classwise_ece": f"{args.num_bins} equal-width bins, class mean",
-        "results": [_jsonable(r) for r in rows],
-    }
-    text = json.dumps(payload, indent=2) + "\n"
+    shift_keys = [s.key[len("shift/") :] for s in splits if s.key.startswith("shift/")]
+    bar = _progress(len(methods) + (len(methods) + 1) * len(splits), methods[0])
     try:
-        storage.write_text(out, text, exclusive=not args.overwrite)
-    except FileExistsError:
-        raise UserError(
-            f"output file {str(out)!r} exists; pass --overwrite to replace it."
-        ) from None
+        fitted = {}
+        for name in methods:
+            bar.set_description(f"fit {name}", refresh=False)
+            fitted[name] = _fit(name, val, fv.seed)
+            bar.update(1)
+        rows = []
+        for name in ["uncalibrated", *methods]:
+            bar.set_description(f"score {name}", refresh=False)
+            rows.append(_score(name, fitted.get(name), splits, data, out, fv, bar))
+    finally:
+        bar.close()
+    for row in rows:
+        if shift_keys:
+            row["shift_mean"] = {
+                key: float(np.mean([row["shift"][s][key] for s in shift_keys]))
+                for key, _ in _COLUMNS
+            }
+        if row["fit"] is not None:
+            cal = fitted[row["method"]][0]
+            row["fit"]["params"] = _params_summary(cal, test_logits)
+
+    table = _tables(rows, splits[1], shift_keys)
+    print(table, end="")
+    payload = {
+        "workdir": str(workdir) if workdir is not None else None,
+        "inputs": {s.key: str(s.path) for s in splits},
+        "num_bins": fv.num_bins,
+        "metrics": {
+            "ece": f"top-label, {fv.num_bins} equal-width bins, l1",
+            "adaptive_ece": f"top-label, {fv.num_bins} equal-mass bins, l1",
+            "classwise_ece": f"{fv.num_bins} equal-width bins, class mean",
+        },
+        "results": _jsonable(rows),
+    }
+    storage.make_dirs(out)
+    files.write_text(out / files.TABLE, table, overwrite=fv.overwrite)
+    text = json.dumps(payload, indent=2) + "\n"
+    files.write_text(out / files.RESULTS, text, overwrite=fv.overwrite)
     print(f"wrote {out}")
     return 0
+
+
+def _score(name, fitted, splits, data, out, fv, bar) -> dict:
+    """Scores one method on every split, writing its calibrator and logits.
+
+    Returns its row of results.json: ``method``, ``fit`` (None for
+    ``'uncalibrated'``), ``calibrator``, ``val``, ``test``, ``shift``
+    (``'<corruption>/<severity>'`` -> metrics), ``shift_mean`` (None without
+    shifts) and ``calibrated`` (split -> file); paths relative to ``out``.
+    """
+    import jax
+
+    from calib_jax import storage
+
+    row = {"method": name, "fit": None, "calibrator": None}
+    cal, calibrated, scores = None, {}, {"shift": {}}
+    if fitted is not None:
+        cal, seconds, notes = fitted
+        fname = files.file_name(name)
+        row["fit"] = {"name": cal.name, "seconds": seconds, "warnings": notes}
+        row["calibrator"] = f"{files.CALIBRATORS}/{fname}.npz"
+        try:
+            cal.save(out / row["calibrator"], overwrite=fv.overwrite)
+        except ValueError as err:
+            if "already exists" in str(err):
+                raise files.refuse(out / row["calibrator"]) from None
+            raise UserError(str(err)) from None
+        storage.make_dirs(out / files.CALIBRATED / fname)
+    for split in splits:
+        logits, labels = data[split.key]
+        if cal is None:
+            z = logits.astype(np.float32)
+        else:
+            z = cal.apply(logits)
+            rel = f"{files.CALIBRATED}/{files.file_name(name)}/{split.file}"
+            files.write_npz(
+                out / rel,
+                overwrite=fv.overwrite,
+                logits=np.asarray(z),
+                labels=np.asarray(labels),
+            )
+            calibrated[split.key] = rel
+        values = _metrics(jax.nn.softmax(z, axis=-1), labels, fv.num_bins)
+        if split.key.startswith("shift/"):
+            scores["shift"][split.key[len("shift/") :]] = values
+        else:
+            scores[split.key] = values
+        bar.update(1)
+    row.update(
+        val=scores["val"],
+        test=scores["test"],
+        shift=scores["shift"],
+        shift_mean=None,
+        calibrated=calibrated,
+    )
+    return row
 
 
 def _jsonable(x):
@@ -315,10 +503,15 @@ def _jsonable(x):
     return x
 
 
-def main(argv=None) -> int:
-    """Entry point: returns the exit status (2 for user errors)."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parses ``argv`` (default ``sys.argv[1:]``), runs, and
+    returns the exit status (0, or 2 for a user error)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        return run(argv)
+        return run(parse_flags(argv))
+    except _Help as text:
+        print(text)
+        return 0
     except UserError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return EXIT_USAGE

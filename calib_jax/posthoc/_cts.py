@@ -94,7 +94,11 @@ def fit_cts(
     """
     logits, labels, where = _validate.check_inputs(logits, labels, where)
     max_iter = _validate.check_positive_int("max_iter", max_iter)
-    return _fit(logits, labels, where, tol, max_iter=max_iter)
+    params = _fit(logits, labels, where, tol, max_iter=max_iter)
+    _validate.warn_if_suspicious(
+        logits, labels, where, name="fit_cts", temperatures=params["temperatures"]
+    )
+    return params
 
 
 @jax.jit

@@ -123,7 +123,11 @@ def fit_dirichlet(
     max_iter = _validate.check_positive_int("max_iter", max_iter)
     off_diagonal = _validate.check_nonnegative("off_diagonal", off_diagonal)
     intercept = _validate.check_nonnegative("intercept", intercept)
-    return _fit(logits, labels, where, off_diagonal, intercept, tol, max_iter=max_iter)
+    params = _fit(
+        logits, labels, where, off_diagonal, intercept, tol, max_iter=max_iter
+    )
+    _validate.warn_if_suspicious(logits, labels, where, name="fit_dirichlet")
+    return params
 
 
 @jax.jit

@@ -143,7 +143,11 @@ def fit_ets(
     _validate.check_choice("form", form, FORMS)
     logits, labels, where = _validate.check_inputs(logits, labels, where)
     max_iter = _validate.check_positive_int("max_iter", max_iter)
-    return _fit(logits, labels, where, tol, form=form, max_iter=max_iter)
+    params = _fit(logits, labels, where, tol, form=form, max_iter=max_iter)
+    _validate.warn_if_suspicious(
+        logits, labels, where, name="fit_ets", temperatures=params["temperature"]
+    )
+    return params
 
 
 @functools.partial(jax.jit, static_argnames=("form",))

@@ -150,7 +150,7 @@ def fit_pts(
     steps = _validate.check_positive_int("steps", steps)
     _validate.check_nonnegative("weight_decay", weight_decay)
     key = _as_key(seed)
-    return _fit(
+    params = _fit(
         logits,
         labels,
         where,
@@ -162,6 +162,8 @@ def fit_pts(
         steps=steps,
         loss=loss,
     )
+    _validate.warn_if_suspicious(logits, labels, where, name="fit_pts")
+    return params
 
 
 def _as_key(seed):

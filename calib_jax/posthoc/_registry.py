@@ -1,8 +1,9 @@
 """``CALIBRATORS`` registry, ``get_calibrator`` and ``fit``.
 
 Names: ``'ts'``, ``'ets'``, ``'pts'``, ``'cts'``, ``'vector'``, ``'matrix'``,
-``'dirichlet'``, and ``'<base>+classwise'`` for ``base`` in TS, ETS, PTS,
-CTS. ``get_calibrator``/``fit`` also accept ``'ts:<objective>'`` (``nll``,
+``'dirichlet'``, ``'histogram_binning'``, ``'isotonic'``, the binary-only
+``'platt'`` and ``'beta'`` (K = 2), and ``'<base>+classwise'`` for ``base``
+in TS, ETS, PTS, CTS. ``get_calibrator``/``fit`` also accept ``'ts:<objective>'`` (``nll``,
 ``sb_ece``, ``hb_ece``, ``ece_grid``) and ``'ts:nll+classwise'``.
 """
 
@@ -14,10 +15,13 @@ from collections.abc import Callable
 import jax
 
 from calib_jax.posthoc import (
+    _binary,
     _classwise_scaling,
     _cts,
     _dirichlet,
     _ets,
+    _histogram,
+    _isotonic,
     _matrix,
     _pts,
     _temperature,
@@ -26,6 +30,8 @@ from calib_jax.posthoc import (
 from calib_jax.posthoc._calibrator import Calibrator
 
 ACCURACY_PRESERVING = ("ts", "ets", "pts")
+#: Calibrators defined for K = 2 only (K != 2 is a one-line ValueError).
+BINARY_ONLY = _binary.BINARY_ONLY
 
 
 def fit_ts(logits, labels, *, where=None, objective: str = "nll", **kwargs):
@@ -81,6 +87,47 @@ def fit_dirichlet(logits, labels, *, where=None, **kwargs):
     return Calibrator(
         params=params, name="dirichlet", apply_fn=_dirichlet.apply_dirichlet_params
     )
+
+
+def fit_histogram_binning(
+    logits, labels, *, where=None, variant: str = "top_label", **kwargs
+):
+    """Histogram binning; see :func:`calib_jax.posthoc.fit_histogram_binning`."""
+    params = _histogram.fit_histogram_binning(
+        logits, labels, where=where, variant=variant, **kwargs
+    )
+    apply_fn = (
+        _histogram.apply_top_label
+        if variant == "top_label"
+        else _histogram.apply_one_vs_rest
+    )
+    name = "histogram_binning" + ("" if variant == "top_label" else f"({variant})")
+    return Calibrator(params=params, name=name, apply_fn=apply_fn)
+
+
+def fit_isotonic(logits, labels, *, where=None, variant: str = "top_label"):
+    """Isotonic regression (host fit); see
+    :func:`calib_jax.posthoc.fit_isotonic`."""
+    params = _isotonic.fit_isotonic(logits, labels, where=where, variant=variant)
+    apply_fn = (
+        _isotonic.apply_top_label
+        if variant == "top_label"
+        else _isotonic.apply_one_vs_rest
+    )
+    name = "isotonic" + ("" if variant == "top_label" else f"({variant})")
+    return Calibrator(params=params, name=name, apply_fn=apply_fn)
+
+
+def fit_platt(logits, labels, *, where=None, **kwargs):
+    """Platt scaling (K = 2); see :func:`calib_jax.posthoc.fit_platt`."""
+    params = _binary.fit_platt(logits, labels, where=where, **kwargs)
+    return Calibrator(params=params, name="platt", apply_fn=_binary.apply_platt_params)
+
+
+def fit_beta(logits, labels, *, where=None, **kwargs):
+    """Beta calibration (K = 2); see :func:`calib_jax.posthoc.fit_beta`."""
+    params = _binary.fit_beta(logits, labels, where=where, **kwargs)
+    return Calibrator(params=params, name="beta", apply_fn=_binary.apply_beta_params)
 
 
 # Method factories are cached so that repeated fits with the same options
@@ -153,6 +200,10 @@ CALIBRATORS: dict[str, Callable[..., Calibrator]] = {
     "vector": fit_vector,
     "matrix": fit_matrix,
     "dirichlet": fit_dirichlet,
+    "histogram_binning": fit_histogram_binning,
+    "isotonic": fit_isotonic,
+    "platt": fit_platt,
+    "beta": fit_beta,
     "ts+classwise": _classwise_fitter("ts"),
     "ets+classwise": _classwise_fitter("ets"),
     "pts+classwise": _classwise_fitter("pts"),
@@ -244,15 +295,25 @@ def fit(
 
     Returns:
       A :class:`Calibrator`; ``calibrator.apply(test_logits)`` gives the
-      calibrated logits. TS, ETS and PTS (with or without class-wise
-      scaling) preserve the argmax; CTS, vector, matrix and Dirichlet
-      calibration do not.
+      calibrated logits (log-probabilities for ETS, histogram binning,
+      isotonic regression, Platt and Beta); ``calibrator.save(path)``
+      writes it for :func:`calib_jax.posthoc.load`. TS, ETS and PTS (with
+      or without class-wise scaling) preserve the argmax; the others do
+      not in general.
 
     Raises:
       ValueError: unknown name or option, an option outside its domain
         (``learning_rate <= 0``, negative ``tol``), NaN/inf logits, labels
-        out of range, ``N = 0``, ``K < 2`` or mismatched lengths (one-line
-        messages).
+        out of range, ``N = 0``, ``K < 2``, ``K != 2`` for a binary-only
+        calibrator (``'platt'``, ``'beta'``) or mismatched lengths
+        (one-line messages).
+
+    Warns:
+      SuspiciousFitWarning: one line when the validation accuracy is below
+        chance (1/K) or a fitted temperature (TS, ETS, CTS and their
+        class-wise variants) lies outside [0.05, 20], naming the likely
+        cause (labels misaligned with the logits, probabilities passed as
+        logits).
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -264,13 +325,33 @@ def fit(
       ts:nll 3.46
     """
     fitter = get_calibrator(name)
+    if name in BINARY_ONLY:
+        _binary.check_binary(name, logits)
     _validate.check_inputs(logits, labels, where)
     _check_options(name, kwargs)
     try:
-        return fitter(logits, labels, where=where, **kwargs)
+        with _validate.quiet_fit_warnings():
+            cal = fitter(logits, labels, where=where, **kwargs)
     except TypeError as err:
         if "unexpected keyword argument" in str(err):
             raise ValueError(
                 f"unknown option for calibrator {name!r}: {err}."
             ) from None
         raise
+    _validate.warn_if_suspicious(
+        logits,
+        labels,
+        where,
+        name=f"calibrator {name!r}",
+        temperatures=fitted_temperatures(cal.params),
+    )
+    return cal
+
+
+def fitted_temperatures(params):
+    """The fitted temperature(s) of TS, ETS and CTS parameters, or None."""
+    if isinstance(params, dict):
+        for key in ("temperature", "temperatures"):
+            if key in params:
+                return params[key]
+    return None

@@ -17,6 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from calib_jax import kernels
 from calib_jax.posthoc import _blocked, _core, _validate
 
 OBJECTIVES = ("nll", "sb_ece", "hb_ece", "ece_grid")
@@ -184,6 +185,12 @@ def fit_temperature(
       ValueError: unknown objective or option, bad shapes, and for concrete
         inputs NaN/inf logits, labels out of range, ``N = 0`` or ``K < 2``.
 
+    Warns:
+      SuspiciousFitWarning: (concrete inputs only) one line when the
+        validation accuracy is below chance (1/K) or :math:`T` lies outside
+        [0.05, 20]: labels misaligned with the logits (:math:`T \gg 1`, low
+        accuracy) or probabilities passed as logits (:math:`T \ll 1`).
+
     References:
       [1] C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, "On Calibration of
       Modern Neural Networks", ICML 2017, arXiv:1706.04599v2, Sec. 4.2.
@@ -203,6 +210,45 @@ def fit_temperature(
     """
     _validate.check_choice("objective", objective, OBJECTIVES)
     logits, labels, where = _validate.check_inputs(logits, labels, where)
+    t = _dispatch(
+        logits,
+        labels,
+        where,
+        objective=objective,
+        max_iter=max_iter,
+        tol=tol,
+        num_bins=num_bins,
+        p=p,
+        sb_temperature=sb_temperature,
+        sb_kind=sb_kind,
+        search_range=search_range,
+        grid_size=grid_size,
+        levels=levels,
+        convention=convention,
+    )
+    _validate.warn_if_suspicious(
+        logits, labels, where, name="fit_temperature", temperatures=t
+    )
+    return t
+
+
+def _dispatch(
+    logits,
+    labels,
+    where,
+    *,
+    objective,
+    max_iter,
+    tol,
+    num_bins,
+    p,
+    sb_temperature,
+    sb_kind,
+    search_range,
+    grid_size,
+    levels,
+    convention,
+):
     max_iter = _validate.check_positive_int("max_iter", max_iter)
     num_bins = _validate.check_positive_int("num_bins", num_bins)
     if objective == "nll":
@@ -268,9 +314,20 @@ def nll_of_log_t(u, z, m, a, w):
     arguments are constants of the fit: ``z`` ``[N, K]`` logits, ``m`` ``[N]``
     row maxima, ``a = m - z_y`` ``[N]`` and weights ``w`` ``[N]``; no
     derivative is provided for them (callers stop their gradients).
+
+    Kernel family ``'posthoc_temperature'`` (:mod:`calib_jax.kernels`): the
+    plain formulation is :func:`nll_of_log_t_plain`; float64 reference in
+    ``tests/_reference_posthoc.py``.
     """
     s = jnp.exp(-u)
     big_s = _blocked.exp_sums(z, m, s, with_w=False)
+    return jnp.sum(w * (jnp.log(big_s) + s * a))
+
+
+def nll_of_log_t_plain(u, z, m, a, w):
+    """Plain :func:`nll_of_log_t`: one pass over ``z`` and JAX autodiff in ``u``."""
+    s = jnp.exp(-u)
+    big_s = _blocked.exp_sums_plain(z, m, s, with_w=False)
     return jnp.sum(w * (jnp.log(big_s) + s * a))
 
 
@@ -301,7 +358,9 @@ def nll_objective(logits, labels, weights):
     m = jnp.max(z, axis=-1)
     a = m - _core.pick(z, labels)
     w = jax.lax.stop_gradient(weights)
-    return lambda u: nll_of_log_t(u, z, m, a, w)
+    return lambda u: kernels.select(
+        "posthoc_temperature", nll_of_log_t, nll_of_log_t_plain, u, z, m, a, w
+    )
 
 
 def fit_log_t_nll(logits, labels, weights, u0, *, max_iter, tol=1e-6):
@@ -338,9 +397,16 @@ def top_confidence_of_log_t(u, z, m):
         \frac{\partial c_n}{\partial u} = s\,\frac{W_n(s)}{S_n(s)^2}
         \le 0, \qquad s = e^{-u},
 
-    with :math:`S, W` of ``_blocked.py``.
+    with :math:`S, W` of ``_blocked.py``. Kernel family
+    ``'posthoc_temperature'``: the plain formulation is
+    :func:`top_confidence_of_log_t_plain`.
     """
     return _blocked.top_confidence(z, m, jnp.exp(-u))
+
+
+def top_confidence_of_log_t_plain(u, z, m):
+    """Plain :func:`top_confidence_of_log_t`: one pass and JAX autodiff."""
+    return 1.0 / _blocked.exp_sums_plain(z, m, jnp.exp(-u), with_w=False)
 
 
 @top_confidence_of_log_t.defjvp
@@ -382,7 +448,14 @@ def sb_ece_objective(logits, labels, where, *, num_bins, temperature, p, kind):
     mask = jnp.ones(m.shape, bool) if where is None else jnp.asarray(where, bool)
 
     def objective(u):
-        conf = top_confidence_of_log_t(u, z, m)
+        conf = kernels.select(
+            "posthoc_temperature",
+            top_confidence_of_log_t,
+            top_confidence_of_log_t_plain,
+            u,
+            z,
+            m,
+        )
         return sb_ece_from_confidences(
             conf, correct, mask, temperature, p, num_bins=num_bins, kind=kind
         )

@@ -9,6 +9,10 @@ jitted cores never inspect values. Every message is one line.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,26 +72,40 @@ def check_inputs(logits, labels, where=None, *, name: str = "logits"):
     return logits, labels, where
 
 
+@jax.jit
+def _value_summary(logits, labels, keep):
+    """Counts and first rows of the bad values, in one pass on the device."""
+    k = logits.shape[1]
+    bad = keep & ~jnp.all(jnp.isfinite(logits), axis=1)
+    out = keep & ((labels < 0) | (labels >= k))
+    first_out = jnp.argmax(out)
+    return (
+        jnp.any(keep),
+        jnp.sum(bad),
+        jnp.argmax(bad),
+        jnp.sum(out),
+        first_out,
+        labels[first_out],
+    )
+
+
 def _check_values(logits, labels, where, name):
-    x = np.asarray(logits)
-    y = np.asarray(labels)
-    keep = np.ones(y.shape, bool) if where is None else np.asarray(where)
-    if not keep.any():
+    keep = jnp.ones(labels.shape, bool) if where is None else jnp.asarray(where)
+    any_keep, n_bad, first_bad, n_out, first_out, label = (
+        int(v) for v in jax.device_get(_value_summary(logits, labels, keep))
+    )
+    if not any_keep:
         raise ValueError("where excludes every row: fitting needs at least one sample.")
-    bad_rows = keep & ~np.isfinite(x).all(axis=1)
-    if bad_rows.any():
-        first = int(np.argmax(bad_rows))
+    if n_bad:
         raise ValueError(
-            f"{name} contain NaN/inf values in {int(bad_rows.sum())} row(s) "
-            f"(first at row {first})."
+            f"{name} contain NaN/inf values in {n_bad} row(s) (first at row "
+            f"{first_bad})."
         )
-    k = x.shape[1]
-    out = keep & ((y < 0) | (y >= k))
-    if out.any():
-        first = int(np.argmax(out))
+    if n_out:
+        k = logits.shape[1]
         raise ValueError(
-            f"labels must lie in [0, K) = [0, {k}); found {int(y[first])} at row "
-            f"{first} ({int(out.sum())} out of range)."
+            f"labels must lie in [0, K) = [0, {k}); found {label} at row "
+            f"{first_out} ({n_out} out of range)."
         )
 
 
@@ -129,3 +147,123 @@ def check_nonnegative(name: str, value) -> float:
     if not v >= 0:
         raise ValueError(f"{name} must be >= 0, got {v}.")
     return v
+
+
+# ---------------------------------------------------------------------------
+# Warnings for fits that look wrong (misaligned labels, probabilities as logits)
+# ---------------------------------------------------------------------------
+
+#: Fitted temperatures outside this range trigger :class:`SuspiciousFitWarning`.
+TEMPERATURE_RANGE = (0.05, 20.0)
+
+
+class SuspiciousFitWarning(UserWarning):
+    """A fit whose inputs look wrong: validation accuracy below chance, a
+    fitted temperature outside :data:`TEMPERATURE_RANGE`, or inputs whose
+    rows are probability vectors rather than logits."""
+
+
+_QUIET = contextvars.ContextVar("calib_jax_posthoc_quiet", default=False)
+
+
+@contextlib.contextmanager
+def quiet_fit_warnings():
+    """Silences :func:`warn_if_suspicious` inside (``posthoc.fit`` warns once
+    for the whole calibrator instead of once per inner fitter)."""
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
+
+
+# Rows checked for "probabilities passed as logits" (the first ones): real
+# logits whose first 1024 rows all lie on the simplex do not occur.
+_SIMPLEX_ROWS = 1024
+
+
+@jax.jit
+def _simplex_rows(logits, where):
+    """Whether the first included rows all look like probability vectors."""
+    logits, where = logits[:_SIMPLEX_ROWS], where[:_SIMPLEX_ROWS]
+    simplex = (jnp.min(logits, axis=-1) >= 0) & (
+        jnp.abs(jnp.sum(logits, axis=-1) - 1.0) <= 1e-3
+    )
+    return jnp.all(simplex | ~where) & jnp.any(where)
+
+
+@jax.jit
+def _accuracy(logits, labels, where):
+    correct = (jnp.argmax(logits, axis=-1) == labels) & where
+    return jnp.sum(correct) / jnp.maximum(jnp.sum(where), 1)
+
+
+def suspicious_fit_message(
+    logits, labels, where=None, temperatures=None, accuracy=None
+):
+    """The reasons a fit looks wrong, joined in one line, or None.
+
+    Args:
+      logits: concrete float ``[N, K]`` validation logits.
+      labels: concrete int ``[N]``.
+      where: optional bool ``[N]``.
+      temperatures: optional fitted temperature(s), scalar or array.
+      accuracy: the validation accuracy if the fitter already has it (saves
+        an arg-max pass).
+    """
+    logits = jnp.asarray(logits)
+    labels = jnp.asarray(labels)
+    k = logits.shape[-1]
+    mask = jnp.ones(labels.shape, bool) if where is None else jnp.asarray(where, bool)
+    parts = []
+    if accuracy is None:
+        accuracy = _accuracy(logits, labels, mask)
+    acc = float(accuracy)
+    if bool(_simplex_rows(logits, mask)):
+        parts.append(
+            "the rows are non-negative and sum to 1: these look like "
+            "probabilities, not logits (pass logits, or log-probabilities)"
+        )
+    if acc < 1.0 / k:
+        parts.append(
+            f"validation accuracy {acc:.4f} is below chance (1/K = {1.0 / k:.4f}): "
+            "the labels are probably misaligned with the logits (rows in another "
+            "order, or labels of another split)"
+        )
+    if temperatures is not None:
+        t = np.asarray(temperatures, np.float64).ravel()
+        lo, hi = TEMPERATURE_RANGE
+        if t.size and np.nanmax(t) > hi:
+            parts.append(
+                f"fitted temperature {np.nanmax(t):.4g} is above {hi:g}: the logits "
+                "barely predict the labels (labels misaligned with the logits?)"
+            )
+        if t.size and np.nanmin(t) < lo:
+            parts.append(
+                f"fitted temperature {np.nanmin(t):.4g} is below {lo:g}: the inputs "
+                "spread far less than logits (probabilities or rescaled logits "
+                "passed as logits?)"
+            )
+    return "; ".join(parts) if parts else None
+
+
+def warn_if_suspicious(
+    logits, labels, where=None, *, name, temperatures=None, accuracy=None
+):
+    """Warns (:class:`SuspiciousFitWarning`, one line) when a fit looks wrong.
+
+    Checks concrete inputs only (nothing under ``jax.jit``/``jax.vmap``) and
+    nothing inside :func:`quiet_fit_warnings`. See
+    :func:`suspicious_fit_message` for the conditions.
+
+    Args:
+      logits, labels, where: the validation data of the fit.
+      name: what was fitted, first in the message (e.g. ``'fit_temperature'``).
+      temperatures: optional fitted temperature(s).
+      accuracy: optional validation accuracy already computed by the fitter.
+    """
+    if _QUIET.get() or not is_concrete(logits, labels, where, temperatures):
+        return
+    message = suspicious_fit_message(logits, labels, where, temperatures, accuracy)
+    if message:
+        warnings.warn(f"{name}: {message}.", SuspiciousFitWarning, stacklevel=3)

@@ -2,9 +2,10 @@
 
 Train on ``gs://<bucket>/run``, SIGKILL after a checkpoint reached the
 bucket, rerun (resumes from the bucket), export logits to the bucket, and
-calibrate them with the post-hoc CLI reading from and writing to the bucket;
-nothing may be written under the local working directory. The bucket is
-inspected over the emulator's HTTP API, not through the code tested.
+calibrate them with the post-hoc CLI (``--workdir`` and ``--val/--test``)
+reading from and writing to the bucket; nothing may be written under the
+local working directory. The bucket is inspected over the emulator's HTTP
+API, not through the code tested.
 """
 
 from __future__ import annotations
@@ -75,6 +76,12 @@ def _posthoc(cwd, *args: str) -> subprocess.CompletedProcess:
 
 def _without(row: dict, key: str) -> dict:
     return {k: v for k, v in row.items() if k != key}
+
+
+def _without_seconds(row: dict) -> dict:
+    if row["fit"] is None:
+        return row
+    return {**row, "fit": _without(row["fit"], "seconds")}
 
 
 def _gs_named_paths(root) -> list[str]:
@@ -154,8 +161,10 @@ def test_gs_workdir_sigkill_resume_export_and_posthoc(
     local = tmp_path / "straight"
     straight = _cli.run("digits_ce.py", local, *STEPS)
     assert straight.returncode == 0, straight.stderr[-3000:]
+    remote_labels = {}
     for name in ("val", "test", "shift_gaussian_noise_3"):
         remote = _npz(gcs_emulator.read(bucket, f"run/logits/{name}.npz"))
+        remote_labels[name] = remote["labels"]
         with np.load(local / "logits" / f"{name}.npz") as f:
             np.testing.assert_array_equal(remote["logits"], f["logits"])
             np.testing.assert_array_equal(remote["labels"], f["labels"])
@@ -165,6 +174,39 @@ def test_gs_workdir_sigkill_resume_export_and_posthoc(
     assert _without(rows[-1], "time") == _without(local_rows[-1], "time")
 
     # ---- post-hoc calibration from the bucket, output into the bucket --------------
+    result = _posthoc(cwd, f"--workdir={workdir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"wrote {workdir}/posthoc" in result.stdout
+    payload = json.loads(gcs_emulator.read(bucket, "run/posthoc/results.json"))
+    assert payload["inputs"]["test"] == f"{workdir}/logits/test.npz"
+    results = {r["method"]: r for r in payload["results"]}
+    assert sorted(results) == ["ts:nll", "ts:sb_ece", "uncalibrated"]
+    test = _npz(gcs_emulator.read(bucket, "run/logits/test.npz"))
+    accuracy = np.mean(np.argmax(test["logits"], -1) == test["labels"])
+    for row in results.values():  # temperature scaling keeps the arg-max
+        assert row["test"]["accuracy"] == pytest.approx(accuracy, rel=1e-6)
+        assert list(row["shift"]) == ["gaussian_noise/3"]
+    assert gcs_emulator.read(bucket, "run/posthoc/table.md").decode() in result.stdout
+    for method in ("ts_nll", "ts_sb_ece"):
+        assert f"run/posthoc/calibrators/{method}.npz" in gcs_emulator.objects(
+            bucket, "run/posthoc/calibrators/"
+        )
+        for split in ("val", "test", "shift_gaussian_noise_3"):
+            calibrated = _npz(
+                gcs_emulator.read(
+                    bucket, f"run/posthoc/calibrated/{method}/{split}.npz"
+                )
+            )
+            np.testing.assert_array_equal(calibrated["labels"], remote_labels[split])
+    # The same command on the local copy of the run gives the same numbers.
+    local_out = tmp_path / "local_posthoc"
+    result = _posthoc(cwd, f"--workdir={local}", f"--out={local_out}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    local_results = json.loads((local_out / "results.json").read_text())["results"]
+    assert [_without_seconds(r) for r in payload["results"]] == [
+        _without_seconds(r) for r in local_results
+    ]
+    # --val/--test in the bucket: the default output is beside the test file.
     result = _posthoc(
         cwd,
         "--val",
@@ -173,30 +215,10 @@ def test_gs_workdir_sigkill_resume_export_and_posthoc(
         f"{workdir}/logits/test.npz",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"wrote {workdir}/logits/test_posthoc.json" in result.stdout
-    payload = json.loads(gcs_emulator.read(bucket, "run/logits/test_posthoc.json"))
-    assert payload["test"] == f"{workdir}/logits/test.npz"
-    results = {r["method"]: r for r in payload["results"]}
-    assert sorted(results) == ["ts:nll", "ts:sb_ece", "uncalibrated"]
-    test = _npz(gcs_emulator.read(bucket, "run/logits/test.npz"))
-    accuracy = np.mean(np.argmax(test["logits"], -1) == test["labels"])
-    for row in results.values():  # temperature scaling keeps the arg-max
-        assert row["accuracy"] == pytest.approx(accuracy, rel=1e-6)
-    # The same command on the local copy of the logits gives the same numbers.
-    local_out = tmp_path / "local_posthoc.json"
-    result = _posthoc(
-        cwd,
-        "--val",
-        str(local / "logits" / "val.npz"),
-        "--test",
-        str(local / "logits" / "test.npz"),
-        "--out",
-        str(local_out),
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    local_results = json.loads(local_out.read_text())["results"]
-    assert [_without(r, "fit_seconds") for r in payload["results"]] == [
-        _without(r, "fit_seconds") for r in local_results
+    assert f"wrote {workdir}/logits/test_posthoc" in result.stdout
+    pair = json.loads(gcs_emulator.read(bucket, "run/logits/test_posthoc/results.json"))
+    assert [r["test"] for r in pair["results"]] == [
+        r["test"] for r in payload["results"]
     ]
 
     # ---- nothing under the local working directory; no 'gs:' path anywhere --------

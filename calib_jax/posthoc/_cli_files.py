@@ -1,0 +1,243 @@
+"""Inputs and outputs of ``python -m calib_jax.posthoc`` (see :mod:`._cli`).
+
+Inputs are ``.npz`` files of logits and labels: ``--val`` and ``--test``, or
+the files a training run exported under ``<workdir>/logits/`` (``val.npz``,
+``test.npz`` and one ``shift_<corruption>_<severity>.npz`` per shifted test
+set). Outputs go under one directory. Every path goes through
+:mod:`calib_jax.storage` (``etils.epath``), so local paths and ``gs://`` URLs
+behave alike. Every user error is a :class:`UserError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import zipfile
+import zlib
+from typing import NamedTuple
+
+import numpy as np
+from etils import epath
+
+from calib_jax import storage
+
+TABLE = "table.md"
+RESULTS = "results.json"
+CALIBRATED = "calibrated"
+CALIBRATORS = "calibrators"
+_SHIFT_FILE = re.compile(r"^shift_(.+)_(\d+)\.npz$")
+
+
+class UserError(Exception):
+    """An error in the command line or the input files (exit status 2)."""
+
+
+class Split(NamedTuple):
+    """One set of logits to score.
+
+    Attributes:
+      key: ``'val'``, ``'test'`` or ``'shift/<corruption>/<severity>'`` (the
+        trainer's metric prefixes).
+      file: file name of its calibrated logits (``'val.npz'``,
+        ``'shift_<corruption>_<severity>.npz'``).
+      path: where its logits are read from.
+      what: how messages name it (``"--val file 'v.npz'"``).
+    """
+
+    key: str
+    file: str
+    path: epath.Path
+    what: str
+
+
+def as_path(value: str, what: str) -> epath.Path:
+    """Parses a path flag; a malformed URL or unreachable bucket is a UserError."""
+    try:
+        path = storage.as_path(value, what=what)
+        storage.check_reachable(path, what=what)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    return path
+
+
+def file_name(method: str) -> str:
+    """File-system-safe name of a method's outputs: ``'ts:nll'`` -> ``'ts_nll'``."""
+    return method.replace(":", "_")
+
+
+def given_splits(val: str, test: str) -> list[Split]:
+    """The ``--val``/``--test`` pair as splits (the files must exist)."""
+    splits = []
+    for key, value in (("val", val), ("test", test)):
+        path = as_path(value, f"--{key}")
+        what = f"--{key} file {value!r}"
+        if not path.exists():
+            raise UserError(f"{what} does not exist.")
+        splits.append(Split(key, f"{key}.npz", path, what))
+    return splits
+
+
+def workdir_splits(workdir: epath.Path, text: str) -> list[Split]:
+    """Val, test and every shifted test set a training run exported.
+
+    Raises:
+      UserError: the workdir does not exist, or has no ``logits/val.npz`` or
+        ``logits/test.npz`` (the message says what the workdir holds instead:
+        checkpoints of an unfinished run, or nothing of a run).
+    """
+    if not workdir.exists():
+        raise UserError(f"--workdir {text!r} does not exist.")
+    if not workdir.is_dir():
+        raise UserError(f"--workdir {text!r} is a file, not a training run's workdir.")
+    logits = workdir / "logits"
+    missing = [n for n in ("val.npz", "test.npz") if not (logits / n).exists()]
+    if missing:
+        names = " and ".join(f"logits/{n}" for n in missing)
+        if missing == ["val.npz"]:
+            raise UserError(
+                f"--workdir {text!r} has logits/test.npz but no logits/val.npz to "
+                "fit on: its run had no validation split (config.dataset."
+                "val_split); give --val and --test instead."
+            )
+        if (workdir / "checkpoints").exists():
+            raise UserError(
+                f"--workdir {text!r} has checkpoints but no {names}: the run has "
+                "not finished (it exports its logits at the end); rerun its train "
+                "command to finish it."
+            )
+        if (workdir / "config.json").exists():
+            raise UserError(
+                f"--workdir {text!r} has no {names} and no checkpoints: the run "
+                "stopped before its first checkpoint."
+            )
+        raise UserError(
+            f"--workdir {text!r} has no {names}, checkpoints or config.json: it is "
+            "not the workdir of a `python -m calib_jax.train` run."
+        )
+    splits = [
+        Split(key, f"{key}.npz", path, f"--workdir file {str(path)!r}")
+        for key, path in (("val", logits / "val.npz"), ("test", logits / "test.npz"))
+    ]
+    shifts = []
+    for path in logits.glob("shift_*.npz"):
+        match = _SHIFT_FILE.match(path.name)
+        if match is None:
+            continue
+        corruption, severity = match.group(1), int(match.group(2))
+        shifts.append((corruption, severity, path))
+    for corruption, severity, path in sorted(shifts, key=lambda s: s[:2]):
+        splits.append(
+            Split(
+                f"shift/{corruption}/{severity}",
+                path.name,
+                path,
+                f"--workdir file {str(path)!r}",
+            )
+        )
+    return splits
+
+
+def load_split(split: Split, logits_key: str, labels_key: str):
+    """``(logits float [N, K], labels int [N])`` as NumPy arrays.
+
+    Integer logits become float32; integral float labels become int64.
+
+    Raises:
+      UserError: not a readable ``.npz`` archive, a missing key, or arrays of
+        the wrong kind (strings, fractional labels, pickled objects).
+    """
+    what, path = split.what, split.path
+    if path.is_dir():
+        raise UserError(f"{what} is not a file.")
+    try:
+        raw = io.BytesIO(path.read_bytes())
+    except OSError as err:
+        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UserError(f"cannot read {what}: {msg}") from None
+    if not zipfile.is_zipfile(raw):  # .npy, text, truncated or random bytes
+        raise UserError(f"{what} is not an .npz archive (np.savez output).")
+    try:
+        with np.load(raw, allow_pickle=False) as data:
+            keys = list(data.keys())
+            for key in (logits_key, labels_key):
+                if key not in keys:
+                    raise UserError(
+                        f"{what} has no array {key!r} "
+                        f"(it has: {', '.join(keys) or 'nothing'})."
+                    )
+            logits = np.asarray(data[logits_key])
+            labels = np.asarray(data[labels_key])
+    except UserError:
+        raise
+    except (zipfile.BadZipFile, zlib.error, OSError, ValueError, EOFError) as err:
+        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UserError(f"cannot read {what} as .npz: {msg}") from None
+    if labels.dtype.kind == "f" and labels.size and np.all(labels == np.round(labels)):
+        labels = labels.astype(np.int64)  # integral floats are accepted as ids
+    if logits.dtype.kind in "iub":
+        logits = logits.astype(np.float32)
+    for key, arr, kinds in ((logits_key, logits, "f"), (labels_key, labels, "iu")):
+        if arr.dtype.kind not in kinds:
+            kind = "floating point" if kinds == "f" else "integer class ids"
+            raise UserError(
+                f"{what}: array {key!r} must be {kind}, got dtype {arr.dtype}."
+            )
+    return logits, labels
+
+
+def output_dir(value: str | None, workdir: epath.Path | None, test: Split):
+    """``--out``, or its default: ``<workdir>/posthoc``, else
+    ``<test stem>_posthoc`` beside the test file."""
+    if value is not None:
+        out = as_path(value, "--out")
+        if out.suffix in (".json", ".md", ".txt", ".npz") and not out.is_dir():
+            raise UserError(
+                f"--out names the output directory (it gets {TABLE}, {RESULTS}, "
+                f"{CALIBRATED}/ and {CALIBRATORS}/), got {value!r}, a file name."
+            )
+        if out.exists() and not out.is_dir():
+            raise UserError(f"--out {value!r} is a file, not a directory.")
+        return out
+    if workdir is not None:
+        return workdir / "posthoc"
+    return test.path.with_name(f"{test.path.stem}_posthoc")
+
+
+def outputs(out: epath.Path, methods) -> list[epath.Path]:
+    """Every output path (files, and one directory per method) of a run."""
+    paths = [out / TABLE, out / RESULTS]
+    for method in methods:
+        name = file_name(method)
+        paths += [out / CALIBRATORS / f"{name}.npz", out / CALIBRATED / name]
+    return paths
+
+
+def first_existing(paths) -> epath.Path | None:
+    """The first path that exists (a directory only when it is not empty)."""
+    for path in paths:
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            return path
+    return None
+
+
+def refuse(path) -> UserError:
+    """The error for an output that exists without ``--overwrite``."""
+    return UserError(f"output {str(path)!r} exists; pass --overwrite to replace it.")
+
+
+def write_npz(path: epath.Path, *, overwrite: bool, **arrays) -> None:
+    """Writes an ``.npz`` archive whole; an existing file needs ``overwrite``."""
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    try:
+        storage.write_bytes(path, buf.getvalue(), exclusive=not overwrite)
+    except FileExistsError:
+        raise refuse(path) from None
+
+
+def write_text(path: epath.Path, text: str, *, overwrite: bool) -> None:
+    """Writes a text file whole; an existing file needs ``overwrite``."""
+    try:
+        storage.write_text(path, text, exclusive=not overwrite)
+    except FileExistsError:
+        raise refuse(path) from None

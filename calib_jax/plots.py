@@ -202,7 +202,7 @@ def ece_vs_severity(
     results: Mapping[str, Mapping[int, Sequence[float]]],
     *,
     metric_name: str = "ECE",
-    error: str = "std",
+    error: str | None = "std",
     title: str | None = None,
     path: str | os.PathLike | None = None,
 ):
@@ -212,8 +212,9 @@ def ece_vs_severity(
       results: ``{method: {severity: [value per seed, ...]}}``; severity 0 is
         the clean test set.
       metric_name: y-axis label.
-      error: ``'std'`` (sample standard deviation over seeds) or ``'sem'``
-        (standard error of the mean, std / sqrt(n)).
+      error: ``'std'`` (sample standard deviation over seeds), ``'sem'``
+        (standard error of the mean, std / sqrt(n)) or None (one value per
+        severity, no error bars).
       title: optional title.
       path: where to write a PNG (None: do not save).
 
@@ -225,8 +226,8 @@ def ece_vs_severity(
     """
     if not results:
         raise ValueError("results is empty: nothing to plot.")
-    if error not in ("std", "sem"):
-        raise ValueError(f"error must be 'std' or 'sem', got {error!r}.")
+    if error not in ("std", "sem", None):
+        raise ValueError(f"error must be 'std' or 'sem' (or None), got {error!r}.")
     fig = _figure(7.0, 4.5)
     ax = fig.subplots()
     _distinct_colors(ax, len(results))
@@ -239,9 +240,11 @@ def ece_vs_severity(
         std = [v.std(ddof=1) if v.size > 1 else 0.0 for v in values]
         if error == "sem":
             std = [sd / np.sqrt(v.size) for sd, v in zip(std, values)]
-        ax.errorbar(severities, mean, yerr=std, marker="o", capsize=3, label=method)
+        yerr = std if error is not None else None
+        ax.errorbar(severities, mean, yerr=yerr, marker="o", capsize=3, label=method)
     ax.set_xlabel("shift severity (0 = clean)")
-    ax.set_ylabel(f"{metric_name} (mean ± {error} over seeds)")
+    spread = f" (mean ± {error} over seeds)" if error is not None else ""
+    ax.set_ylabel(f"{metric_name}{spread}")
     ax.legend(fontsize="small", ncol=2 if len(results) > 6 else 1)
     ax.grid(alpha=0.3)
     if title:

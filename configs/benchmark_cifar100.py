@@ -11,8 +11,11 @@ The whole grid (20 methods x 16 calibrators x 3 seeds; the binary-only Platt
 and Beta calibrators are skipped for K = 100) of WRN-28-10 runs with
 the soft-calibration paper's recipe (200 epochs, SGD 0.1, L2 5e-4, batch 512):
 57 trainings of about 3 h each on 1xH100 (not measured here).
+OOD detection is scored against SVHN (``tfds build svhn_cropped
+--file_format=array_record`` into the same TFDS data dir; docs/data.md).
 Variants: ``:seeds=N``, ``:shifts=jax`` (JAX corruptions of the test split
-instead of the published files), ``:runlocal`` (a few steps of a small CNN).
+instead of the published files), ``:runlocal`` (a few steps of a small CNN),
+``:ood=`` (no OOD set) or ``:ood=<name>``.
 """
 
 from configs import common

@@ -100,13 +100,21 @@ def base() -> ml_collections.ConfigDict:
     # operation by operation and names the operation (slow; for debugging).
     c.debug_nans = False
 
-    # Shifted test sets: 'all', 'none' or a comma-separated list of corruption
-    # names; severities in 1..5. With dataset='' they are the JAX corruptions of
-    # the test split; with dataset='cifar10_corrupted' (or 'cifar100_corrupted')
-    # the published files of that dataset (its data_dir, or dataset.data_dir).
+    # Shifted test sets: 'all' (every available corruption: the 10 JAX ones,
+    # or the 19 of a complete published set), 'standard15' (the 15 corruptions
+    # papers average over; the 8 of them the JAX set implements), 'none' or a
+    # comma-separated list of corruption names; severities in 1..5. With
+    # dataset='' they are the JAX corruptions of the test split; with
+    # dataset='cifar10_corrupted' (or 'cifar100_corrupted') the published files
+    # of that dataset (its data_dir, or dataset.data_dir). See docs/data.md.
     c.shifts = ml_collections.ConfigDict(
         dict(corruptions="all", severities=(1, 2, 3, 4, 5), dataset="", data_dir="")
     )
+    # Out-of-distribution set scored against the test split (ood/<metric>, the
+    # maximum softmax probability): '' = none, a name of
+    # calib_jax.data.OOD_SETS ('digits_patches', 'svhn_cropped') or of
+    # DATASETS (read from `split`); data_dir '' = dataset.data_dir.
+    c.ood = ml_collections.ConfigDict(dict(dataset="", data_dir="", split="test"))
     # Interleaved training (soft-calibration paper App. B).
     c.interleaved = ml_collections.ConfigDict(
         dict(
@@ -199,6 +207,12 @@ def benchmark_base() -> ml_collections.ConfigDict:
     c.calibrators = ("none", "ts:nll")
     c.seeds = (0, 1, 2)
     c.num_bins = 15
+    # Per-cell percentile intervals of accuracy, ECE and NLL on the clean test
+    # set (calib_jax.metrics.bootstrap; a fixed key per cell); 0 = none.
+    c.bootstrap = ml_collections.ConfigDict(dict(num_samples=200, confidence=0.95))
+    # Far-OOD set of the digits benchmark (no download; docs/data.md); the
+    # CIFAR benchmarks use SVHN. '' = no OOD scores.
+    c.train.ood.dataset = "digits_patches"
     c.two_stage = ml_collections.ConfigDict(
         dict(
             optimizer=dict(
@@ -229,13 +243,15 @@ def cifar_benchmark(dataset: str, model: str, arg: str | None):
     'soft_calibration', ...)``); MaC-Cal stage II retrains 5 epochs with SGD
     (MaC-Cal Sec. 5.1). ``shifts=jax`` uses the JAX corruptions of the test
     split instead of the published ``<dataset>_corrupted`` files;
-    ``runlocal`` shrinks every run to a few steps of a small CNN.
+    ``runlocal`` shrinks every run to a few steps of a small CNN; ``ood=``
+    names the OOD set (default ``svhn_cropped``; empty: none).
     """
     from calib_jax.benchmark import grid  # noqa: PLC0415 - configs stay light
 
-    a = parse_arg(arg, seeds=3, shifts="published", runlocal=False)
+    a = parse_arg(arg, seeds=3, shifts="published", runlocal=False, ood="svhn_cropped")
     c = benchmark_base()
     c.train = cifar(dataset, model, "soft_calibration", "ce")
+    c.train.ood.dataset = a.ood  # SVHN's TFDS build in dataset.data_dir
     if a.shifts == "published":
         c.train.shifts.dataset = f"{dataset}_corrupted"
     elif a.shifts != "jax":

@@ -293,6 +293,21 @@ def ood_auroc(s_in, s_out):
     return total / (len(s_in) * len(s_out))
 
 
+def ood_aupr(s_in, s_out, positive="in"):
+    """Average precision over the distinct thresholds, from its definition."""
+    pos = [float(v) for v in (s_in if positive == "in" else s_out)]
+    neg = [float(v) for v in (s_out if positive == "in" else s_in)]
+    sign = 1.0 if positive == "in" else -1.0
+    area, recall_before = 0.0, 0.0
+    for t in sorted({sign * v for v in pos + neg}, reverse=True):
+        tp = sum(1 for v in pos if sign * v >= t)
+        fp = sum(1 for v in neg if sign * v >= t)
+        recall = tp / len(pos)
+        area += (recall - recall_before) * (tp / (tp + fp))
+        recall_before = recall
+    return area
+
+
 def fpr_at_tpr(s_in, s_out, tpr=0.95):
     k = math.ceil(fractions.Fraction(str(tpr)) * len(s_in))
     threshold = sorted(s_in, reverse=True)[k - 1]

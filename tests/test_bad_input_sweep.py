@@ -7,7 +7,8 @@ tests/losses/test_registry.py (names, hyperparameters, shapes),
 tests/metrics/test_metrics_validation.py (NaN, simplex, labels, bins),
 tests/posthoc/test_posthoc_registry_cli.py (fit and CLI on bad arrays, keys),
 tests/train/test_cli.py (config typos, unknown names, batch divisibility),
-tests/train/test_multihost.py (distributed settings).
+tests/train/test_multihost.py (distributed settings),
+tests/evaluate/test_evaluate_run.py (evaluate: what a workdir lacks, --out).
 """
 
 from __future__ import annotations
@@ -315,6 +316,68 @@ def test_train_cli_user_errors_are_one_line(tmp_path):
             if proc.poll() is None:
                 proc.kill()
     assert not (tmp_path / "w1").exists() and not (tmp_path / "w2").exists()
+
+
+def test_evaluate_cli_user_errors_are_one_line(tmp_path):
+    """``python -m calib_jax.evaluate``: a workdir that holds nothing to score,
+    a missing workdir and an earlier evaluation, run concurrently."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "metrics.jsonl").write_text("")
+    done = tmp_path / "done"
+    (done / "logits").mkdir(parents=True)
+    np.savez(done / "logits" / "test.npz", logits=LOGITS, labels=LABELS)
+    (done / "evaluate").mkdir()
+    (done / "evaluate" / "metrics.json").write_text("{}")
+
+    def command(workdir, *extra):
+        return [
+            sys.executable,
+            "-m",
+            "calib_jax.evaluate",
+            f"--config={ROOT / 'configs' / 'digits_ce.py'}",
+            f"--workdir={workdir}",
+            "--config.shifts.corruptions=none",
+            *extra,
+        ]
+
+    runs = {
+        "no checkpoints or logits": (
+            command(empty),
+            "holds neither checkpoints nor exported logits",
+        ),
+        "no workdir": (command(tmp_path / "nope"), "does not exist"),
+        "earlier evaluation": (
+            command(done, "--from_logits"),
+            "already holds an evaluation (metrics.json); pass --overwrite",
+        ),
+    }
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONPATH"] = str(ROOT)
+    procs = {
+        name: subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, (cmd, _) in runs.items()
+    }
+    try:
+        for name, proc in procs.items():
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 2, (name, err[-2000:])
+            assert "Traceback" not in err, name
+            assert runs[name][1] in _one_line(err), (name, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    assert not (empty / "evaluate").exists()
+    assert (done / "evaluate" / "metrics.json").read_text() == "{}"
 
 
 # ---------------------------------------------------------------------------

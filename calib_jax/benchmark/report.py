@@ -219,6 +219,87 @@ def conformal_table(rows) -> list[str]:
     ]
 
 
+def ood_table(rows, ood_name: str = "") -> list[str]:
+    """OOD detection scores per method x calibrator (clean rows; [] without them)."""
+    fields = list(evaluate.OOD_FIELDS)
+    clean = [r for r in rows if r["shift"] == "clean"]
+    if not clean or not all(f in r for r in clean for f in fields):
+        return []
+    header = ["method", "calibrator"] + list(evaluate.OOD_FIELDS.values())
+    body = [
+        [method, cal] + [fmt(*aggregate(rows, method, cal, f)) for f in fields]
+        for method in _methods(rows)
+        for cal in _calibrators(rows)
+    ]
+    name = f" against `{ood_name}`" if ood_name else ""
+    return [
+        f"## OOD detection{name}",
+        "",
+        (
+            "The clean test set (positive) against the OOD set by the maximum "
+            "softmax probability after each calibrator: AUROC, AUPR with the "
+            "test set (In) or the OOD set (Out) as the positive class, and the "
+            "false-positive rate on the OOD set at 95% recall of the test set "
+            "(`calib_jax.metrics.ood_auroc`, `ood_aupr`, `fpr_at_95_tpr`), in "
+            "percent. Mean ± SEM over seeds."
+        ),
+        "",
+        *_table(header, body),
+        "",
+    ]
+
+
+def _interval(row: dict, metric: str) -> str:
+    lo, hi = row.get(f"{metric}_lo"), row.get(f"{metric}_hi")
+    if lo is None or hi is None:
+        return "-"
+    if metric in RAW:
+        return f"{row[metric]:.3f} [{lo:.3f}, {hi:.3f}]"
+    return f"{100 * row[metric]:.2f} [{100 * lo:.2f}, {100 * hi:.2f}]"
+
+
+def bootstrap_table(rows, confidence: float = 0.95) -> list[str]:
+    """Per-cell bootstrap intervals of the first seed's clean test set.
+
+    One row per method x calibrator: ``value [lo, hi]`` of every metric of
+    :data:`calib_jax.benchmark.evaluate.BOOTSTRAP_METRICS`. Empty when the
+    rows carry no intervals.
+    """
+    names = evaluate.BOOTSTRAP_METRICS
+    clean = [r for r in rows if r["shift"] == "clean"]
+    if not clean or not any(f"{names[0]}_lo" in r for r in clean):
+        return []
+    seed = min(r["seed"] for r in clean)
+    cell = {(r["method"], r["calibrator"]): r for r in clean if r["seed"] == seed}
+    body = []
+    for method in _methods(rows):
+        for cal in _calibrators(rows):
+            row = cell.get((method, cal))
+            if row is not None:
+                body.append([method, cal] + [_interval(row, m) for m in names])
+    return [
+        f"## Bootstrap {100 * confidence:.0f}% intervals (clean test, seed {seed})",
+        "",
+        (
+            "Sampling uncertainty of the test set for one trained model: "
+            "percentile intervals over resamples of the clean test rows "
+            "(`calib_jax.metrics.bootstrap`, every metric on the same "
+            "resamples, a fixed key per cell shared by its calibrators), as "
+            "`value [lo, hi]`; percent, NLL as is. Every seed's intervals are "
+            "in `results.jsonl` (`<metric>_lo`, `<metric>_hi`). Binned ECE "
+            "is biased upward on a resample (its repeated rows sharpen the "
+            "bins), so an ECE interval can lie above the value: read it as the "
+            "spread due to the test sample, not as a bias-corrected interval. "
+            "Metrics: "
+            + "; ".join(f"`{m}` = {evaluate.METRICS[m]}" for m in names)
+            + "."
+        ),
+        "",
+        *_table(["method", "calibrator", *names], body),
+        "",
+    ]
+
+
 # ---------------------------------------------------------------------------
 # Claims.
 # ---------------------------------------------------------------------------
@@ -532,6 +613,9 @@ def write_report(config: ConfigDict, workdir: epath.PathLike, rows) -> epath.Pat
             *calibrator_table(rows, "ece", "all"),
             "",
         ]
+    boot, ood = config.get("bootstrap"), t.get("ood")
+    lines += bootstrap_table(rows, float(boot.confidence) if boot else 0.95)
+    lines += ood_table(rows, ood.dataset if ood else "")
     lines += conformal_table(rows)
     lines += [
         "## Claims",

@@ -20,8 +20,8 @@ from tqdm import tqdm
 from calib_jax import data as data_lib
 from calib_jax import losses, models, storage
 from calib_jax.benchmark import evaluate, grid, report
+from calib_jax.train import evaluate as train_eval
 from calib_jax.train import mesh as mesh_lib
-from calib_jax.train import setup as train_setup
 from calib_jax.train.loop import train_and_evaluate
 
 CONFIG_FILE = "benchmark_config.json"
@@ -62,13 +62,24 @@ def validate(config: ConfigDict, workdir: epath.Path) -> None:
     grid.check_grid(config)
     if config.num_bins < 1:
         raise ValueError(f"config.num_bins must be >= 1, got {config.num_bins}.")
+    b = config.bootstrap
+    if b.num_samples < 0:
+        raise ValueError(
+            f"config.bootstrap.num_samples must be >= 0 (0: no intervals), got "
+            f"{b.num_samples}."
+        )
+    if not 0.0 < b.confidence < 1.0:  # NaN fails too
+        raise ValueError(
+            f"config.bootstrap.confidence must lie in (0, 1), got {b.confidence}."
+        )
     # The trainer's own name checks, for every method's config.
     dataset = data_lib.get_dataset(
         config.train.dataset.name, data_dir=config.train.dataset.data_dir or None
     )
     models.from_config(config.train.model, num_classes=dataset.num_classes)
     mesh_lib.check_batch_size(config.train.batch_size, mesh_lib.data_mesh())
-    train_setup.resolve_shifts(config.train, dataset)
+    train_eval.resolve_shifts(config.train, dataset)
+    train_eval.resolve_ood(config.train, dataset)
     for method in config.methods:
         losses.composite(grid.train_config(config, method, 0, workdir).loss)
     check_workdir(config, workdir)
@@ -135,12 +146,15 @@ def run_cell(
     config: ConfigDict, workdir: epath.Path, method: str, seed: int
 ) -> list[dict]:
     """Trains (or resumes) one cell and returns its result rows."""
+    train_dir = ensure_trained(config, workdir, method, seed)
     return evaluate.cell_rows(
-        evaluate.load_logits(ensure_trained(config, workdir, method, seed)),
+        evaluate.load_logits(train_dir, config.train.ood.dataset),
         method=method,
         seed=seed,
         calibrators=tuple(config.calibrators),
         num_bins=int(config.num_bins),
+        bootstrap_samples=int(config.bootstrap.num_samples),
+        confidence=float(config.bootstrap.confidence),
     )
 
 

@@ -1,7 +1,8 @@
 """Datasets, host pipeline, on-device augmentation and corruptions.
 
 ``get_dataset(name, data_dir=...)`` returns a :class:`Dataset` whose
-``source(split)`` is a random-access source; :mod:`calib_jax.data.cache`
+``source(split)`` is a random-access source; ``get_ood_set(name)`` an
+out-of-distribution set scored against a model's test split; :mod:`calib_jax.data.cache`
 decodes a split once into arrays; :mod:`calib_jax.data.pipeline` turns sources
 into training and eval batches; :mod:`calib_jax.data.prefetch` makes the next
 ones on a thread; :mod:`calib_jax.data.augment` and
@@ -10,14 +11,19 @@ ones on a thread; :mod:`calib_jax.data.augment` and
 
 from calib_jax.data import augment, cache, corruptions, pipeline, prefetch
 from calib_jax.data._datasets import (
+    CORRUPTION_ALIASES,
+    CORRUPTION_PRESETS,
     DATASETS,
+    EXTRA4,
     INFO,
+    STANDARD15,
     Dataset,
     DatasetInfo,
     dataset_info,
     get_dataset,
 )
 from calib_jax.data._digits import load_digits
+from calib_jax.data._ood import OOD_SETS, OodSet, get_ood_set
 from calib_jax.data._sources import (
     ArraySource,
     NpySource,
@@ -27,12 +33,18 @@ from calib_jax.data._sources import (
 )
 
 __all__ = [
+    "CORRUPTION_ALIASES",
+    "CORRUPTION_PRESETS",
     "DATASETS",
+    "EXTRA4",
     "INFO",
+    "OOD_SETS",
+    "STANDARD15",
     "ArraySource",
     "Dataset",
     "DatasetInfo",
     "NpySource",
+    "OodSet",
     "Source",
     "SubsetSource",
     "TfdsSource",
@@ -41,6 +53,7 @@ __all__ = [
     "corruptions",
     "dataset_info",
     "get_dataset",
+    "get_ood_set",
     "load_digits",
     "pipeline",
     "prefetch",

@@ -1,8 +1,9 @@
 """The ``DATASETS`` registry: digits, CIFAR-10/100 and the published CIFAR-C sets.
 
 CIFAR comes from a TFDS data dir through ``tfds.data_source`` (array_record
-files, no TensorFlow at run time); CIFAR-100-C from the published directory of
-``.npy`` files. See ``docs/data.md`` for the one-time preparation.
+files, no TensorFlow at run time); CIFAR-10-C from the published directory of
+``.npy`` files or a TFDS build; CIFAR-100-C from the published ``.npy``
+directory. See ``docs/data.md`` for the one-time preparation.
 """
 
 from __future__ import annotations
@@ -41,6 +42,38 @@ PUBLISHED_CORRUPTIONS = (
     "speckle_noise",
     "zoom_blur",
 )
+# The 15 corruptions of [1] whose mean the papers report (release names; the
+# TFDS build names glass_blur "frosted_glass_blur" and elastic_transform
+# "elastic"), then the 4 held-out extras of the release: 19 in all.
+#   [1] D. Hendrycks, T. Dietterich, "Benchmarking Neural Network Robustness to
+#       Common Corruptions and Perturbations", ICLR 2019, arXiv:1903.12261v1.
+STANDARD15 = (
+    "gaussian_noise",
+    "shot_noise",
+    "impulse_noise",
+    "defocus_blur",
+    "glass_blur",
+    "motion_blur",
+    "zoom_blur",
+    "snow",
+    "frost",
+    "fog",
+    "brightness",
+    "contrast",
+    "elastic_transform",
+    "pixelate",
+    "jpeg_compression",
+)
+EXTRA4 = ("speckle_noise", "gaussian_blur", "spatter", "saturate")
+# Other names of a standard corruption: the TFDS build's, then the JAX
+# corruption that stands in for it (calib_jax.data.corruptions).
+CORRUPTION_ALIASES = {
+    "glass_blur": ("frosted_glass_blur",),
+    "elastic_transform": ("elastic",),
+    "jpeg_compression": ("jpeg_like",),
+}
+# Values of config.shifts.corruptions that name a set (documented in docs/data.md).
+CORRUPTION_PRESETS = ("all", "standard15")
 _JAX_SHIFTS = tuple((c, s) for c in corruptions.CORRUPTIONS for s in (1, 2, 3, 4, 5))
 
 # Per-channel mean and std of the training images in [0, 1].
@@ -266,6 +299,17 @@ def _parse_shift(config: str) -> tuple[str, int] | None:
 
 
 def _cifar10_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
+    """CIFAR-10-C from the published ``.npy`` directory or from a TFDS build.
+
+    A ``data_dir`` holding ``labels.npy`` is the published release directory
+    (read as CIFAR-100-C's); any other is a TFDS data dir with
+    ``cifar10_corrupted/<corruption>_<severity>`` configs.
+    """
+    if (
+        data_dir
+        and (storage.as_path(data_dir, what="data_dir") / "labels.npy").exists()
+    ):
+        return _npy_corrupted_dataset(INFO["cifar10_corrupted"], data_dir, "CIFAR-10-C")
     root = storage.as_path(_tfds_dir(data_dir), what="data_dir") / "cifar10_corrupted"
     configs = []
     if root.is_dir():
@@ -274,7 +318,10 @@ def _cifar10_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
                 configs.append(child.name)
     if not configs:
         raise ValueError(
-            f"No CIFAR-10-C configs under {root}. "
+            f"No CIFAR-10-C configs under {root}, and no published CIFAR-10-C "
+            f"directory (<corruption>.npy files and labels.npy) at "
+            f"{data_dir or _tfds_dir(data_dir)}. Pass data_dir=<the extracted "
+            "CIFAR-10-C.tar of https://zenodo.org/records/2535967>, or "
             + _build_hint("cifar10_corrupted", data_dir)
             + " (Builds all 19 corruptions x 5 severities, downloading ~2.9 GB; "
             "'tfds build cifar10_corrupted/gaussian_noise_3 ...' builds one.)"
@@ -299,21 +346,29 @@ def _cifar10_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
 # ---- CIFAR-100-C (.npy directory) ----------------------------------------------------
 
 
-def _cifar100_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
+# The published releases (Hendrycks & Dietterich 2019), extracted.
+_RELEASES = {
+    "CIFAR-10-C": "https://zenodo.org/records/2535967",
+    "CIFAR-100-C": "https://zenodo.org/records/3555552",
+}
+
+
+def _npy_corrupted_dataset(info: DatasetInfo, data_dir, title: str) -> Dataset:
+    """A published CIFAR-C ``.npy`` directory (CIFAR-10-C and CIFAR-100-C alike)."""
     layout = (
-        "Expected the published CIFAR-100-C directory (Hendrycks & Dietterich 2019; "
-        "CIFAR-100-C.tar from https://zenodo.org/records/3555552, extracted): one "
+        f"Expected the published {title} directory (Hendrycks & Dietterich 2019; "
+        f"{title}.tar from {_RELEASES[title]}, extracted): one "
         "<corruption>.npy of shape [50000, 32, 32, 3] uint8 per corruption, the five "
         "severities stacked in order (10000 images each), plus labels.npy. Pass "
         "data_dir=<that directory>."
     )
     if not data_dir:
-        raise ValueError("cifar100_corrupted needs data_dir. " + layout)
+        raise ValueError(f"{info.name} needs data_dir. " + layout)
     root = storage.as_path(data_dir, what="data_dir")
     labels_path = root / "labels.npy"
     files = sorted(p for p in root.glob("*.npy") if p.name != "labels.npy")
     if not root.is_dir() or not labels_path.exists() or not files:
-        raise ValueError(f"No CIFAR-100-C files in {root}. " + layout)
+        raise ValueError(f"No {title} files in {root}. " + layout)
     num_labels = storage.read_npy_header(labels_path).shape[0]
     shapes = {}
     for path in files:  # headers only: nothing else is read until a split opens
@@ -335,7 +390,6 @@ def _cifar100_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
         corruption, _, severity = split.rpartition("_")
         return NpySource(root / f"{corruption}.npy", labels_path, int(severity))
 
-    info = INFO["cifar100_corrupted"]
     return Dataset(
         name=info.name,
         num_classes=info.num_classes,
@@ -347,6 +401,10 @@ def _cifar100_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
         open_split=open_split,
         available_shifts=shifts,
     )
+
+
+def _cifar100_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
+    return _npy_corrupted_dataset(INFO["cifar100_corrupted"], data_dir, "CIFAR-100-C")
 
 
 DATASETS: dict[str, Callable[..., Dataset]] = {
@@ -363,10 +421,11 @@ def get_dataset(name: str, *, data_dir: str | None = None, **kwargs) -> Dataset:
 
     Args:
       name: a key of :data:`DATASETS`.
-      data_dir: the TFDS data dir (``cifar10``, ``cifar100``,
-        ``cifar10_corrupted``; default ``$TFDS_DATA_DIR`` or
-        ``~/tensorflow_datasets``) or the CIFAR-100-C ``.npy`` directory
-        (``cifar100_corrupted``, required). Ignored by ``digits``.
+      data_dir: the TFDS data dir (``cifar10``, ``cifar100``; default
+        ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``), the published
+        ``.npy`` directory (``cifar100_corrupted``, required;
+        ``cifar10_corrupted`` when it holds ``labels.npy``, else a TFDS data
+        dir with ``cifar10_corrupted`` configs). Ignored by ``digits``.
       **kwargs: dataset options; CIFAR-10/100 take ``val_size`` (default 5000:
         ``train`` is the first 45000 training images, ``val`` the last 5000,
         ``train_full`` all 50000; 0 drops ``val``).

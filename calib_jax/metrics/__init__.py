@@ -1,8 +1,8 @@
 """Calibration, proper-scoring, selective and OOD metrics.
 
 Every metric is ``calib_jax.metrics.<name>(probs, labels, *, <options>,
-where=None)`` and returns a float32 scalar ``jax.Array`` (``ood_auroc`` and
-``fpr_at_95_tpr`` take ``(scores_in, scores_out)`` instead). ``probs`` are
+where=None)`` and returns a float32 scalar ``jax.Array`` (``ood_auroc``,
+``ood_aupr`` and ``fpr_at_95_tpr`` take ``(scores_in, scores_out)`` instead). ``probs`` are
 ``[N, K]`` rows on the probability simplex; logits are rejected with a hint
 to apply ``jax.nn.softmax``. Called eagerly on concrete arrays the functions
 validate values (NaN/inf, simplex, label range, empty input) and raise
@@ -21,7 +21,7 @@ from calib_jax.metrics._binning import PRESETS, Convention, get_convention
 from calib_jax.metrics._binning_free import ks_error, sweep_ece
 from calib_jax.metrics._bootstrap import BootstrapResult, bootstrap, resample_indices
 from calib_jax.metrics._classwise import classwise_ece, debiased_ece, marginal_ece
-from calib_jax.metrics._ood import fpr_at_95_tpr, ood_auroc
+from calib_jax.metrics._ood import fpr_at_95_tpr, ood_aupr, ood_auroc
 from calib_jax.metrics._proper import accuracy, brier, nll
 from calib_jax.metrics._risk_coverage import augrc, coverage_at_risk, risk_at_coverage
 from calib_jax.metrics._selective import aurc, eaurc
@@ -48,6 +48,7 @@ METRICS = {
     "risk_at_coverage": risk_at_coverage,
     "coverage_at_risk": coverage_at_risk,
     "ood_auroc": ood_auroc,
+    "ood_aupr": ood_aupr,
     "fpr_at_95_tpr": fpr_at_95_tpr,
     "reliability_bins": reliability_bins,
     "smooth_reliability": smooth_reliability,
@@ -92,6 +93,7 @@ __all__ = [
     "marginal_ece",
     "mce",
     "nll",
+    "ood_aupr",
     "ood_auroc",
     "reliability_bins",
     "resample_indices",

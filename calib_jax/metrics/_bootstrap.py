@@ -23,7 +23,7 @@ from calib_jax.metrics import _common, _validate
 # Gathered float32 entries per block of resamples (2**24 entries = 64 MiB).
 BLOCK_ENTRIES = 2**24
 # Metrics with another signature than (probs, labels, *, where).
-_NOT_BOOTSTRAPPABLE = ("ood_auroc", "fpr_at_95_tpr")
+_NOT_BOOTSTRAPPABLE = ("ood_auroc", "ood_aupr", "fpr_at_95_tpr")
 
 
 class BootstrapResult(NamedTuple):

@@ -13,6 +13,95 @@ from calib_jax import storage
 from calib_jax.train.state import TrainState
 
 
+def checkpoint_steps(workdir: str | epath.PathLike) -> list[int]:
+    """Steps with a finished checkpoint under ``<workdir>/checkpoints``, newest first.
+
+    Reads the directory only (nothing is created, cleaned up or moved).
+    """
+    directory = storage.as_path(workdir) / "checkpoints"
+    if not directory.is_dir():
+        return []
+    manager = _read_only_manager(directory)
+    try:
+        return sorted(manager.all_steps(), reverse=True)
+    finally:
+        manager.close()
+
+
+class _NoReadOnlyNotice(logging.Filter):
+    """Drops Orbax's warning that a read-only manager's directory is read only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Given directory is read only")
+
+
+def _read_only_manager(directory: epath.Path) -> ocp.CheckpointManager:
+    quiet = _NoReadOnlyNotice()
+    logger = logging.getLogger("absl")  # Orbax logs through absl
+    logger.addFilter(quiet)
+    try:
+        return ocp.CheckpointManager(
+            storage.absolute(directory),
+            options=ocp.CheckpointManagerOptions(
+                read_only=True,
+                create=False,
+                cleanup_tmp_directories=False,
+                save_interval_steps=0,
+            ),
+        )
+    finally:
+        logger.removeFilter(quiet)
+
+
+def restore_read_only(
+    workdir: str | epath.PathLike, abstract_state: TrainState
+) -> tuple[TrainState, int]:
+    """The newest checkpoint of ``workdir`` that restores into ``abstract_state``.
+
+    Unlike :meth:`Checkpointer.restore_latest`, the run's directory is never
+    changed: an unreadable checkpoint is skipped with a warning, not moved,
+    and unfinished saves are left alone (evaluating a run must not alter it).
+
+    Returns:
+      ``(state, step)``.
+
+    Raises:
+      ValueError: no checkpoint, or none that restores (the first error is
+        named: a checkpoint of another model or optimizer than the config's).
+    """
+    directory = storage.as_path(workdir) / "checkpoints"
+    steps = checkpoint_steps(workdir)
+    if not steps:
+        raise ValueError(f"{directory} holds no finished checkpoint.")
+    manager = _read_only_manager(directory)
+    errors = []
+    try:
+        for step in steps:
+            try:
+                restored = manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract_state)
+                    ),
+                )
+            except Exception as e:  # noqa: BLE001 - any read failure means skip it
+                first = str(e).splitlines()[0] if str(e) else ""
+                errors.append(f"step {step}: {type(e).__name__}: {first}")
+                logging.warning(
+                    "Skipping checkpoint %s that does not restore (%s).",
+                    directory / str(step),
+                    errors[-1],
+                )
+                continue
+            return restored["state"], step
+    finally:
+        manager.close()
+    raise ValueError(
+        f"No checkpoint under {directory} restores with this config (is it the "
+        f"run's config?); {errors[0]}"
+    )
+
+
 class Checkpointer:
     """Saves ``TrainState`` under ``<workdir>/checkpoints/<step>``.
 

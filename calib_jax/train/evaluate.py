@@ -1,17 +1,46 @@
-"""Evaluation over whole splits: padded-and-masked batches, logits gathered once."""
+"""Evaluation of a trained state: shift sets, logits, metrics and their export.
+
+One place for the evaluation that the trainer runs at the end of a run (and
+every ``config.eval_every`` steps) and that ``python -m calib_jax.evaluate``
+runs on a restored checkpoint or on exported logits:
+
+- :func:`resolve_shifts` and :func:`resolve_ood` turn ``config.shifts`` and
+  ``config.ood`` into the shifted test sets and the OOD set;
+- :func:`eval_sets` lists every set in a fixed order (``val``, ``test``, each
+  shift, ``ood``) and :func:`collect` gathers their logits, padded and masked,
+  never dropping a remainder;
+- :func:`score` turns logits into the metrics (``<set>/<metric>``,
+  ``shift/mean/<metric>``, ``ood/<metric>``); it is a function of the logits
+  alone, so scoring exported logits gives the trainer's numbers bit for bit;
+- :func:`export_logits` and :func:`read_logits` write and read
+  ``<dir>/<set>.npz``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from jax.experimental import multihost_utils
+from ml_collections import ConfigDict
 
-from calib_jax import metrics
+from calib_jax import data as data_lib
+from calib_jax import metrics, storage
+from calib_jax.data import augment as augment_lib
+from calib_jax.data import corruptions, pipeline
+from calib_jax.data import prefetch as prefetch_lib
 
 SPLIT_METRICS = ("accuracy", "nll", "ece", "adaptive_ece", "classwise_ece", "brier")
+# ood/<name>: the test split (positive) against the OOD set by the maximum
+# softmax probability.
+OOD_METRICS = ("auroc", "aupr_in", "aupr_out", "fpr_at_95_tpr")
+SHIFT_SEED = 10_000
+OOD_KEY = "ood"
 
 
 def collect_logits(
@@ -60,3 +89,372 @@ def split_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     for name in SPLIT_METRICS:
         out[name] = float(metrics.get_metric(name)(probs, labels))
     return out
+
+
+def ood_metrics(test_logits: np.ndarray, ood_logits: np.ndarray) -> dict[str, float]:
+    """:data:`OOD_METRICS` of the test logits (positive) against OOD logits.
+
+    The score is the maximum softmax probability (Hendrycks and Gimpel 2017):
+    ``auroc`` (:func:`calib_jax.metrics.ood_auroc`), ``aupr_in`` and
+    ``aupr_out`` (:func:`calib_jax.metrics.ood_aupr` with the test or the
+    OOD set as the positive class) and ``fpr_at_95_tpr``.
+    """
+
+    def msp(z):
+        return jnp.max(jax.nn.softmax(jnp.asarray(z, jnp.float32), axis=-1), axis=-1)
+
+    s_in, s_out = msp(test_logits), msp(ood_logits)
+    return {
+        "auroc": float(metrics.ood_auroc(s_in, s_out)),
+        "aupr_in": float(metrics.ood_aupr(s_in, s_out, positive="in")),
+        "aupr_out": float(metrics.ood_aupr(s_in, s_out, positive="out")),
+        "fpr_at_95_tpr": float(metrics.fpr_at_95_tpr(s_in, s_out)),
+    }
+
+
+# ---- shift and OOD sets ------------------------------------------------------------
+
+
+def select_corruptions(spec: str, known: list[str], *, published: bool) -> list[str]:
+    """The corruption names that ``config.shifts.corruptions`` selects, in order.
+
+    Args:
+      spec: ``'none'``/``''`` (no shift), ``'all'`` (every name of ``known``,
+        in its order), ``'standard15'`` (the 15 corruptions of Hendrycks and
+        Dietterich that papers average over, in their order, each under the
+        name ``known`` uses: :data:`calib_jax.data.STANDARD15` and
+        :data:`calib_jax.data.CORRUPTION_ALIASES`) or comma-separated names.
+      known: the available names (JAX corruptions, or the published files).
+      published: whether ``known`` are a published set's files; there
+        ``'standard15'`` needs all 15, while the JAX corruptions give those of
+        the 15 they implement (8).
+
+    Raises:
+      ValueError: an unknown name, or a published set missing some of the 15.
+    """
+    spec = spec.strip()
+    if spec in ("none", ""):
+        return []
+    if spec == "all":
+        return list(known)
+    if spec == "standard15":
+        names, missing = [], []
+        for name in data_lib.STANDARD15:
+            found = [
+                n
+                for n in (name, *data_lib.CORRUPTION_ALIASES.get(name, ()))
+                if n in known
+            ]
+            (names if found else missing).append(found[0] if found else name)
+        if published and missing:
+            raise ValueError(
+                f"config.shifts.corruptions='standard15' needs all 15 corruptions; "
+                f"missing: {', '.join(missing)} (found {len(names)} of 15). Use "
+                "'all' or list the corruptions present."
+            )
+        return names
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        where = "in the published set" if published else "among the JAX corruptions"
+        raise ValueError(
+            f"Unknown corruption(s) {', '.join(unknown)} {where}. Valid: "
+            f"{', '.join(known)}, or a preset: "
+            f"{', '.join(data_lib.CORRUPTION_PRESETS)}."
+        )
+    return names
+
+
+def check_severities(config: ConfigDict) -> list[int]:
+    """``config.shifts.severities`` as ints; ValueError outside 1..5."""
+    bad = [v for v in config.shifts.severities if v not in (1, 2, 3, 4, 5)]
+    if bad:
+        raise ValueError(f"Corruption severities must be in 1..5, got {bad}.")
+    return [int(v) for v in config.shifts.severities]
+
+
+def resolve_shifts(config: ConfigDict, dataset):
+    """``(source_or_None, corruption, severity)`` for every shifted test set.
+
+    ``None`` as the source means "corrupt the test split with the JAX
+    corruption on device"; otherwise the published shifted split is read.
+    """
+    s = config.shifts
+    if s.corruptions.strip() in ("none", ""):
+        return []
+    severities = check_severities(config)
+    if s.dataset:
+        shifted = data_lib.get_dataset(
+            s.dataset, data_dir=s.data_dir or config.dataset.data_dir or None
+        )
+        available = shifted.shifts()
+        known = sorted({c for c, _ in available})
+    else:
+        shifted, known = None, list(corruptions.CORRUPTIONS)
+    names = select_corruptions(s.corruptions, known, published=shifted is not None)
+    out = []
+    for name in names:
+        for severity in severities:
+            if shifted is None:
+                out.append((None, name, severity))
+            elif (name, severity) in available:
+                out.append((shifted.source(f"{name}_{severity}"), name, severity))
+    return out
+
+
+def resolve_ood(config: ConfigDict, dataset) -> data_lib.OodSet | None:
+    """The OOD set of ``config.ood`` (None when ``config.ood.dataset`` is '').
+
+    Raises:
+      ValueError: an unknown set or split, missing data, or images of another
+        shape than ``dataset``'s.
+    """
+    ood = config.get("ood")
+    if ood is None or not ood.dataset:
+        return None
+    found = data_lib.get_ood_set(
+        ood.dataset,
+        data_dir=ood.data_dir or config.dataset.data_dir or None,
+        split=ood.split,
+    )
+    if tuple(found.image_shape) != tuple(dataset.image_shape):
+        raise ValueError(
+            f"config.ood.dataset '{ood.dataset}' has images of shape "
+            f"{tuple(found.image_shape)}; the model of {dataset.name} takes "
+            f"{tuple(dataset.image_shape)}."
+        )
+    return found
+
+
+@functools.cache
+def corruption(name: str, severity: int):
+    """The jitted on-device corruption of eval batch ``i`` (compiled once per run).
+
+    The corrupted test set depends only on (corruption, severity, batch index),
+    never on the training seed, so every run and every method sees the same shift.
+    """
+    base = jax.random.key(SHIFT_SEED + list(corruptions.CORRUPTIONS).index(name))
+
+    def corrupt(images, i):
+        key = jax.random.fold_in(jax.random.fold_in(base, severity), i)
+        return corruptions.corrupt(augment_lib.to_float(images), name, severity, key)
+
+    return jax.jit(corrupt)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSet:
+    """One evaluation set: its key, its source and an optional on-device transform.
+
+    ``key`` is ``'val'``, ``'test'``, ``'shift/<corruption>/<severity>'`` or
+    ``'ood'``; metrics are logged under it.
+    """
+
+    key: str
+    source: object
+    transform: Callable | None = None
+
+
+def eval_sets(config: ConfigDict, dataset, shifts, ood) -> list[EvalSet]:
+    """Every set the run evaluates, in the order its metrics are written."""
+    out = []
+    for key, split in (
+        ("val", config.dataset.val_split),
+        ("test", config.dataset.test_split),
+    ):
+        if split:
+            out.append(EvalSet(key, dataset.source(split)))
+    if config.dataset.test_split:
+        test = dataset.source(config.dataset.test_split)
+        for shifted, name, severity in shifts:
+            if shifted is not None:  # a published shifted split
+                out.append(EvalSet(f"shift/{name}/{severity}", shifted))
+            else:
+                out.append(
+                    EvalSet(
+                        f"shift/{name}/{severity}", test, corruption(name, severity)
+                    )
+                )
+        if ood is not None:
+            out.append(EvalSet(OOD_KEY, ood.source))
+    return out
+
+
+# ---- logits and metrics ------------------------------------------------------------
+
+
+def collect(
+    sets: list[EvalSet],
+    eval_step: Callable,
+    state,
+    *,
+    batches: Callable[[object], Iterator],
+    batch_size: int,
+    progress: Callable[[str, int], None] | None = None,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{key: (logits, labels)}`` of every set, in order.
+
+    Args:
+      sets: from :func:`eval_sets`.
+      eval_step: the jitted ``(state, images) -> logits``.
+      state: the train state.
+      batches: ``source -> context manager`` yielding placed global batches.
+      batch_size: the global eval batch size (for ``progress``).
+      progress: optional ``(key, images) -> None`` called after each batch.
+    """
+    out = {}
+    for s in sets:
+        n = len(s.source)
+        with batches(s.source) as placed:
+            if progress is not None:
+                placed = _counted(placed, s.key, n, batch_size, progress)
+            out[s.key] = collect_logits(
+                eval_step, state, placed, None, transform=s.transform
+            )
+    return out
+
+
+def _counted(placed, key, n, batch_size, progress):
+    for i, batch in enumerate(placed):
+        yield batch
+        progress(key, min(batch_size, n - i * batch_size))
+
+
+def score(logits: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
+    """The metrics of every set of ``logits`` (a function of the logits alone).
+
+    Keys, in order: ``<set>/<metric>`` of :data:`SPLIT_METRICS` for ``val``,
+    ``test`` and each ``shift/<corruption>/<severity>`` set (in the order of
+    ``logits``), ``shift/mean/<metric>`` (the mean over the shift sets, in
+    that order), and ``ood/<metric>`` of :func:`ood_metrics` when ``logits``
+    holds ``'ood'`` and ``'test'``.
+    """
+    results: dict[str, float] = {}
+    per_metric: dict[str, list[float]] = {}
+    for key, (z, y) in logits.items():
+        if key == OOD_KEY:
+            continue
+        for metric, value in split_metrics(z, y).items():
+            results[f"{key}/{metric}"] = value
+            if key.startswith("shift/"):
+                per_metric.setdefault(metric, []).append(value)
+    for metric, values in per_metric.items():
+        results[f"shift/mean/{metric}"] = float(np.mean(values))
+    if OOD_KEY in logits and "test" in logits:
+        scores = ood_metrics(logits["test"][0], logits[OOD_KEY][0])
+        for metric, value in scores.items():
+            results[f"{OOD_KEY}/{metric}"] = value
+    return results
+
+
+def evaluate(
+    config: ConfigDict,
+    sets: list[EvalSet],
+    eval_step: Callable,
+    state,
+    put: Callable,
+    decoded,
+    *,
+    progress: Callable[[str, int], None] | None = None,
+) -> tuple[dict[str, float], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Metrics and logits of ``state`` on every set of ``sets``.
+
+    Args:
+      config: the run's config (``eval_batch_size``, ``input.prefetch``).
+      sets: from :func:`eval_sets`.
+      eval_step: the jitted ``(state, images) -> logits`` over the data mesh.
+      state: the train state.
+      put: places a process-local batch on the mesh.
+      decoded: a :class:`calib_jax.data.cache.SplitCache` (each split decoded
+        once).
+      progress: as in :func:`collect`.
+
+    Returns:
+      ``(score(logits), logits)``.
+    """
+    kw = {
+        "batch_size": config.eval_batch_size,
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+        "to_float": False,
+    }
+
+    def batches(source):
+        # Gathered from the decoded split and placed on the mesh ahead of use.
+        local = pipeline.eval_batches(decoded.get(source), **kw)
+        return prefetch_lib.Prefetcher(map(put, local), config.input.prefetch)
+
+    logits = collect(
+        sets,
+        eval_step,
+        state,
+        batches=batches,
+        batch_size=config.eval_batch_size,
+        progress=progress,
+    )
+    return score(logits), logits
+
+
+# ---- files -------------------------------------------------------------------------
+
+
+def logits_file(key: str, ood_name: str = "") -> str:
+    """The file of set ``key`` under a logits directory.
+
+    ``val.npz``, ``test.npz``, ``shift_<corruption>_<severity>.npz`` and
+    ``ood/<ood_name>.npz`` (a subdirectory: readers of the shift files never
+    take the OOD set for a shifted test set).
+    """
+    if key == OOD_KEY:
+        return f"{OOD_KEY}/{ood_name}.npz"
+    return key.replace("/", "_") + ".npz"
+
+
+def export_logits(
+    directory: epath.PathLike,
+    logits: dict[str, tuple[np.ndarray, np.ndarray]],
+    ood_name: str = "",
+) -> None:
+    """Writes ``logits [N, K]`` and ``labels [N]`` of every set (``.npz``).
+
+    The OOD set's labels are ``-1`` (it has no class of the model).
+    """
+    directory = storage.as_path(directory)
+    storage.make_dirs(directory)
+    for key, (z, y) in logits.items():
+        path = directory / logits_file(key, ood_name)
+        if key == OOD_KEY:
+            storage.make_dirs(path.parent)
+        storage.save_npz(path, logits=z, labels=y)
+
+
+def read_logits(
+    directory: epath.PathLike, keys: list[str], ood_name: str = ""
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{key: (logits float32, labels int32)}`` of ``keys``, read in that order.
+
+    Raises:
+      ValueError: a file is missing (named).
+    """
+    directory = storage.as_path(directory)
+    out = {}
+    for key in keys:
+        path = directory / logits_file(key, ood_name)
+        if not path.exists():
+            raise ValueError(f"{path} is missing: the run exported no logits of {key}.")
+        f = storage.load_npz(path)
+        out[key] = (
+            np.asarray(f["logits"], np.float32),
+            np.asarray(f["labels"]).astype(np.int32),
+        )
+    return out
+
+
+def exported_shifts(directory: epath.PathLike) -> list[tuple[str, int]]:
+    """``(corruption, severity)`` of every ``shift_*.npz`` under ``directory``, sorted."""
+    out = []
+    for path in storage.as_path(directory).glob("shift_*.npz"):
+        corruption_name, _, severity = path.stem[len("shift_") :].rpartition("_")
+        if corruption_name and severity.isdigit():
+            out.append((corruption_name, int(severity)))
+    return sorted(out)

@@ -2,13 +2,13 @@
 
 ``build`` does every check that can fail on the config, the names in it or the
 workdir *before* any compute, and returns a :class:`Run` whose ``step`` and
-``evaluate`` the host loop calls.
+``evaluate`` the host loop calls. Evaluation itself (shift and OOD sets,
+metrics, the logits export) is :mod:`calib_jax.train.evaluate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 from collections.abc import Callable
@@ -21,10 +21,8 @@ from ml_collections import ConfigDict
 
 from calib_jax import data as data_lib
 from calib_jax import losses, storage
-from calib_jax.data import augment as augment_lib
 from calib_jax.data import cache as cache_lib
-from calib_jax.data import corruptions, pipeline
-from calib_jax.data import prefetch as prefetch_lib
+from calib_jax.data import pipeline
 from calib_jax.data._sources import SubsetSource
 from calib_jax.train import evaluate as eval_lib
 from calib_jax.train import mesh as mesh_lib
@@ -32,7 +30,8 @@ from calib_jax.train import sharded_step, two_stage
 from calib_jax.train.state import TrainState
 
 CALIBRATION_STATS = ("global", "per_device")
-_SHIFT_SEED = 10_000
+# Shift resolution lives with the evaluation (calib_jax.train.evaluate).
+resolve_shifts = eval_lib.resolve_shifts
 # Keys that may differ between the config of a run and its resumption.
 _RESUMABLE_KEYS = (
     "log_every",
@@ -180,7 +179,8 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
     else:
         stage = None
         model = sharded_step.make_model(config, dataset.num_classes)
-    shifts = resolve_shifts(config, dataset)
+    shifts = eval_lib.resolve_shifts(config, dataset)
+    ood = eval_lib.resolve_ood(config, dataset)
     check_workdir(config, workdir)
 
     # ---- data sources and the step -> batch map --------------------------------
@@ -253,12 +253,16 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
     def run_step(state, step):
         return train(state, batch(step))
 
-    eval_step = steps.eval
+    sets = eval_lib.eval_sets(config, dataset, shifts, ood)
 
     def evaluate(state, *, export: bool) -> dict[str, float]:
-        return _evaluate(
-            config, workdir, dataset, shifts, eval_step, state, put, export, splits
+        results, logits = eval_lib.evaluate(
+            config, sets, steps.eval, state, put, splits
         )
+        if export and jax.process_index() == 0:
+            name = ood.name if ood is not None else ""
+            eval_lib.export_logits(workdir / "logits", logits, name)
+        return results
 
     return Run(
         config=config,
@@ -272,110 +276,3 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
         batch=batch,
         train=train,
     )
-
-
-def resolve_shifts(config: ConfigDict, dataset):
-    """``(source_or_None, corruption, severity)`` for every shifted test set.
-
-    ``None`` as the source means "corrupt the test split with the JAX
-    corruption on device"; otherwise the published shifted split is read.
-    """
-    s = config.shifts
-    spec = s.corruptions.strip()
-    if spec in ("none", ""):
-        return []
-    bad = [v for v in s.severities if v not in (1, 2, 3, 4, 5)]
-    if bad:
-        raise ValueError(f"Corruption severities must be in 1..5, got {bad}.")
-    if s.dataset:
-        shifted = data_lib.get_dataset(
-            s.dataset, data_dir=s.data_dir or config.dataset.data_dir or None
-        )
-        available = shifted.shifts()
-        known = sorted({c for c, _ in available})
-    else:
-        shifted, known = None, list(corruptions.CORRUPTIONS)
-    names = (
-        known if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
-    )
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        where = f"in {s.dataset}" if s.dataset else "among the JAX corruptions"
-        raise ValueError(
-            f"Unknown corruption(s) {', '.join(unknown)} {where}. Valid: {', '.join(known)}."
-        )
-    out = []
-    for name in names:
-        for severity in s.severities:
-            if shifted is None:
-                out.append((None, name, int(severity)))
-            elif (name, severity) in available:
-                out.append((shifted.source(f"{name}_{severity}"), name, int(severity)))
-    return out
-
-
-@functools.cache
-def _corruption(name: str, severity: int):
-    """The jitted on-device corruption of eval batch ``i`` (compiled once per run).
-
-    The corrupted test set depends only on (corruption, severity, batch index),
-    never on the training seed, so every run and every method sees the same shift.
-    """
-    base = jax.random.key(_SHIFT_SEED + list(corruptions.CORRUPTIONS).index(name))
-
-    def corrupt(images, i):
-        key = jax.random.fold_in(jax.random.fold_in(base, severity), i)
-        return corruptions.corrupt(augment_lib.to_float(images), name, severity, key)
-
-    return jax.jit(corrupt)
-
-
-def _evaluate(config, workdir, dataset, shifts, eval_step, state, put, export, decoded):
-    """Metrics on val, test and every shift of test; logits exported when asked."""
-    kw = dict(
-        batch_size=config.eval_batch_size,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-        to_float=False,
-    )
-
-    def batches(source):
-        # Gathered from the decoded split and placed on the mesh ahead of use.
-        local = pipeline.eval_batches(decoded.get(source), **kw)
-        return prefetch_lib.Prefetcher(map(put, local), config.input.prefetch)
-
-    results, exported = {}, {}
-    splits = [("val", config.dataset.val_split), ("test", config.dataset.test_split)]
-    for key, split in splits:
-        if not split:
-            continue
-        with batches(dataset.source(split)) as placed:
-            logits, labels = eval_lib.collect_logits(eval_step, state, placed, None)
-        exported[key] = (logits, labels)
-        for name, value in eval_lib.split_metrics(logits, labels).items():
-            results[f"{key}/{name}"] = value
-    if shifts and config.dataset.test_split:
-        test = dataset.source(config.dataset.test_split)
-        per_metric: dict[str, list[float]] = {}
-        for shifted, name, severity in shifts:
-            if shifted is not None:  # a published shifted split
-                source, fn = shifted, None
-            else:
-                source, fn = test, _corruption(name, severity)
-            with batches(source) as placed:
-                logits, labels = eval_lib.collect_logits(
-                    eval_step, state, placed, None, transform=fn
-                )
-            exported[f"shift/{name}/{severity}"] = (logits, labels)
-            for metric, value in eval_lib.split_metrics(logits, labels).items():
-                results[f"shift/{name}/{severity}/{metric}"] = value
-                per_metric.setdefault(metric, []).append(value)
-        for metric, values in per_metric.items():
-            results[f"shift/mean/{metric}"] = float(np.mean(values))
-    if export and jax.process_index() == 0:
-        out = workdir / "logits"
-        storage.make_dirs(out)
-        for key, (logits, labels) in exported.items():
-            fname = key.replace("/", "_") + ".npz"
-            storage.save_npz(out / fname, logits=logits, labels=labels)
-    return results

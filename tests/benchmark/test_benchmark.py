@@ -230,3 +230,19 @@ def test_report_has_the_conformal_table(finished):
     assert len(body) == len(METHODS) * len(CALIBRATORS)
     rows = [json.loads(ln) for ln in (finished / "results.jsonl").open()]
     assert all(0.0 <= r["conformal_aps_coverage"] <= 1.0 for r in rows)
+
+
+def test_report_has_ood_and_bootstrap_tables(finished):
+    text = (finished / "report.md").read_text()
+    for heading in (
+        "## OOD detection against `digits_patches`",
+        "## Bootstrap 95% intervals (clean test, seed 0)",
+    ):
+        block = text.split(heading, 1)[1].split("\n## ", 1)[0]
+        body = [ln for ln in block.splitlines() if ln.startswith("| ")][1:]
+        assert len(body) == len(METHODS) * len(CALIBRATORS), heading
+    rows = [json.loads(ln) for ln in (finished / "results.jsonl").open()]
+    clean = [r for r in rows if r["shift"] == "clean"]
+    # A far-OOD set: tiles of photographs are easy to tell from digits.
+    assert all(0.5 < r["ood_auroc"] <= 1.0 for r in clean)
+    assert all(r["accuracy_lo"] <= r["accuracy"] <= r["accuracy_hi"] for r in clean)

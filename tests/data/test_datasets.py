@@ -168,6 +168,82 @@ def _check_cifar100_c(ds):
     )
 
 
+def test_cifar10_corrupted_reads_the_published_npy_directory(tmp_path):
+    """CIFAR-10-C's release directory (labels.npy present) is read as CIFAR-100-C's."""
+    root = tmp_path / "CIFAR-10-C"
+    _write_cifar100_c(root, corruptions=("glass_blur", "contrast"))
+    ds = data.get_dataset("cifar10_corrupted", data_dir=str(root))
+    assert (ds.name, ds.num_classes, ds.image_shape) == (
+        "cifar10_corrupted",
+        10,
+        (32, 32, 3),
+    )
+    assert ds.mean == data.dataset_info("cifar10").mean
+    assert ds.shifts() == [("contrast", s) for s in range(1, 6)] + [
+        ("glass_blur", s) for s in range(1, 6)
+    ]
+    source = ds.source("glass_blur_4")
+    assert isinstance(source, data.NpySource) and len(source) == 4
+    assert [source[i]["image"][0, 0, 0] for i in range(4)] == [40, 41, 42, 43]
+    assert [source[i]["label"] for i in range(4)] == [
+        (12 + i) * 7 % 100 for i in range(4)
+    ]
+    # A directory with neither layout names both.
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError) as err:
+        data.get_dataset("cifar10_corrupted", data_dir=str(tmp_path / "empty"))
+    assert "no published CIFAR-10-C directory" in str(err.value)
+    assert "tfds build cifar10_corrupted" in str(err.value)
+
+
+def test_digits_patches_are_the_block_means_of_the_bundled_photographs():
+    from sklearn.datasets import load_sample_images
+
+    ood = data.get_ood_set("digits_patches")
+    images = ood.source.images
+    assert (ood.image_shape, ood.image_dtype) == ((8, 8, 1), "float32")
+    assert images.shape == (2 * 13 * 20, 8, 8, 1) and images.dtype == np.float32
+    assert np.all(ood.source.labels == -1)
+    np.testing.assert_array_equal(images * 16, np.round(images * 16))  # 17 levels
+    np.testing.assert_array_equal(
+        images, data.get_ood_set("digits_patches").source.images
+    )
+    # Tiles by explicit loops (row-major over the grid, china.jpg first).
+    photos = load_sample_images().images
+    for index, (photo, r, c) in {0: (0, 0, 0), 27: (0, 1, 7), 519: (1, 12, 19)}.items():
+        rgb = photos[photo].astype(np.float64)
+        want = np.zeros((8, 8))
+        for i in range(8):
+            for j in range(8):
+                total = 0.0
+                for di in range(4):
+                    for dj in range(4):
+                        y, x = 32 * r + 4 * i + di, 32 * c + 4 * j + dj
+                        red, green, blue = rgb[y, x]
+                        total += 0.299 * red + 0.587 * green + 0.114 * blue
+                want[i, j] = round(total / 16 / 255 * 16) / 16
+        np.testing.assert_array_equal(images[index, :, :, 0], want)
+
+
+def test_ood_sets_registry_and_errors(tmp_path):
+    assert set(data.OOD_SETS) == {"digits_patches", "svhn_cropped"}
+    with pytest.raises(ValueError, match="Unknown OOD set 'mnist'. Valid: digits_p"):
+        data.get_ood_set("mnist")
+    with pytest.raises(ValueError, match="tfds build svhn_cropped --file_format"):
+        data.get_ood_set("svhn_cropped", data_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="Valid splits: train, test, extra"):
+        data.get_ood_set("svhn_cropped", split="validation")
+    with _mock(num_examples=5):
+        svhn = data.get_ood_set("svhn_cropped", data_dir=str(tmp_path))
+        assert svhn.image_shape == (32, 32, 3) and len(svhn.source) == 5
+        example = svhn.source[2]
+        assert example["image"].shape == (32, 32, 3) and example["label"] == -1
+        assert svhn.source.cache_key.endswith(":unlabelled")
+        # Any registered dataset's split, unlabelled too.
+        c100 = data.get_ood_set("cifar100", data_dir=str(tmp_path))
+        assert c100.source[0]["label"] == -1 and c100.image_dtype == "uint8"
+
+
 def test_cifar100_corrupted_rejects_bad_files(tmp_path):
     root = tmp_path / "bad"
     _write_cifar100_c(root, corruptions=("contrast",))

@@ -47,6 +47,11 @@ def test_ece_vs_severity_error_bars_are_std_or_sem():
         assert (hi - lo) / 2 == pytest.approx(expected)
     with pytest.raises(ValueError, match="'std' or 'sem'"):
         plots.ece_vs_severity({"ce": {0: values}}, error="var")
+    # None: one value per severity, no error bars, no "over seeds" in the label.
+    fig = plots.ece_vs_severity({"ce": {0: [0.1], 3: [0.4]}}, error=None)
+    bars = fig.axes[0].containers[0].lines[2]
+    assert len(bars) == 0
+    assert "seeds" not in fig.axes[0].get_ylabel()
 
 
 def test_accuracy_vs_ece_png(tmp_path):

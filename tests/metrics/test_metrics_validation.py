@@ -59,6 +59,8 @@ def test_bad_options():
         metrics.get_metric("ece2")
     with pytest.raises(ValueError, match="tpr"):
         metrics.fpr_at_95_tpr(PROBS[:, 0], PROBS[:, 1], tpr=0.0)
+    with pytest.raises(ValueError, match="positive must be 'in' or 'out'"):
+        metrics.ood_aupr(PROBS[:, 0], PROBS[:, 1], positive="ood")
 
 
 def test_registry_lists_every_metric():
@@ -79,6 +81,7 @@ def test_registry_lists_every_metric():
         "aurc",
         "eaurc",
         "ood_auroc",
+        "ood_aupr",
         "fpr_at_95_tpr",
         "reliability_bins",
     }

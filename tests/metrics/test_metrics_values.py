@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _reference_metrics as ref
+import jax
 import numpy as np
 import pytest
 from metrics._cases import (
@@ -172,11 +173,51 @@ def test_ood_metrics_with_ties():
         _close(got, ref.fpr_at_tpr(s_in, s_out, tpr))
 
 
+@pytest.mark.parametrize("positive", ["in", "out"])
+def test_ood_aupr_equals_the_float64_definition_with_ties_and_masks(positive):
+    from sklearn.metrics import average_precision_score
+
+    rng = np.random.default_rng(11)
+    s_in = rng.choice(np.float32([0.2, 0.5, 0.7, 0.9, 0.95]), size=101)
+    s_out = rng.choice(np.float32([0.1, 0.5, 0.7, 0.8]), size=57)
+    want = ref.ood_aupr(s_in, s_out, positive)
+    _close(metrics.ood_aupr(s_in, s_out, positive=positive), want)
+    sign = 1.0 if positive == "in" else -1.0
+    is_in = np.r_[np.ones(101), np.zeros(57)]
+    sk = average_precision_score(
+        is_in if positive == "in" else 1 - is_in, sign * np.r_[s_in, s_out]
+    )
+    assert want == pytest.approx(sk, abs=1e-12)
+    # Continuous scores (no ties), under jit; masked rows equal slicing.
+    s_in, s_out = rng.normal(1, 1, 80).astype(np.float32), rng.normal(0, 1, 50)
+    s_out = s_out.astype(np.float32)
+    want = ref.ood_aupr(s_in[:70], s_out[:45], positive)
+    w_in, w_out = np.arange(80) < 70, np.arange(50) < 45
+    fn = jax.jit(
+        lambda a, b, wa, wb: metrics.ood_aupr(
+            a, b, positive=positive, where_in=wa, where_out=wb
+        )
+    )
+    _close(fn(s_in, s_out, w_in, w_out), want)
+    _close(
+        metrics.ood_aupr(
+            s_in, s_out, positive=positive, where_in=w_in, where_out=w_out
+        ),
+        want,
+    )
+    # Indistinguishable scores: the share of the positive class.
+    flat = np.full(10, 0.5, np.float32)
+    share = 10 / 16 if positive == "in" else 6 / 16
+    _close(metrics.ood_aupr(flat, flat[:6], positive=positive), share)
+
+
 def test_ood_accepts_probabilities_as_msp():
     p_in, _ = softmax_case(n=50, seed=7, boost=4.0)
     p_out, _ = softmax_case(n=40, seed=8, boost=0.0)
     expected = ref.ood_auroc(p_in.max(axis=1), p_out.max(axis=1))
     _close(metrics.ood_auroc(p_in, p_out), expected)
+    expected = ref.ood_aupr(p_in.max(axis=1), p_out.max(axis=1))
+    _close(metrics.ood_aupr(p_in, p_out), expected)
 
 
 @pytest.mark.parametrize("binning", ["equal_width", "equal_mass"])

@@ -1,0 +1,308 @@
+"""Scores a finished (or interrupted) training run without retraining.
+
+:func:`run` restores the newest checkpoint of a run that restores with the
+config (read only: the run's directory is never changed), evaluates the
+validation and test splits, every shifted test set and the OOD set of the
+config through :mod:`calib_jax.train.evaluate` (the trainer's own evaluation),
+and writes the metrics, logits and plots under ``out``. With
+``from_logits=True`` it scores the logits the run exported instead, with no
+checkpoint and no data.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jax
+import numpy as np
+from etils import epath
+from ml_collections import ConfigDict
+
+from calib_jax import data as data_lib
+from calib_jax import storage
+from calib_jax.data import cache as cache_lib
+from calib_jax.data import corruptions
+from calib_jax.evaluate._progress import Progress
+from calib_jax.train import checkpoint, sharded_step, two_stage
+from calib_jax.train import evaluate as eval_lib
+from calib_jax.train import mesh as mesh_lib
+
+OUT_DIRNAME = "evaluate"
+METRICS_JSON = "metrics.json"
+METRICS_JSONL = "metrics.jsonl"
+LOGITS_DIR = "logits"
+PLOTS_DIR = "plots"
+# What an evaluation writes under --out (the only paths --overwrite removes).
+OUTPUTS = (METRICS_JSON, METRICS_JSONL, LOGITS_DIR, PLOTS_DIR)
+# Fields of the run's config.json that must match --config (the model whose
+# checkpoint is restored and the data it was trained on).
+_MUST_MATCH = (("model",), ("dataset", "name"), ("two_stage", "enabled"))
+
+
+def _field(tree, path):
+    for key in path:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
+
+
+def check_config(config: ConfigDict, workdir: epath.Path) -> None:
+    """ValueError when ``config`` is not the run's (model, dataset, stage II).
+
+    A run without ``config.json`` (exported logits copied elsewhere) is not
+    checked.
+    """
+    path = workdir / "config.json"
+    if not path.exists():
+        return
+    old = json.loads(path.read_text())
+    new = json.loads(config.to_json_best_effort())
+    diff = [".".join(p) for p in _MUST_MATCH if _field(old, p) != _field(new, p)]
+    if diff:
+        raise ValueError(
+            f"--config differs from the run's {path} in: {', '.join(diff)}; "
+            "pass the config the run was trained with."
+        )
+
+
+def _has_logits(workdir: epath.Path) -> bool:
+    return (workdir / "logits").is_dir() and any((workdir / "logits").glob("*.npz"))
+
+
+def check_out(workdir: epath.Path, out: epath.Path, overwrite: bool) -> None:
+    """ValueError for an ``out`` that would overwrite the run or an evaluation."""
+    run_dir, target = storage.absolute(workdir), storage.absolute(out)
+
+    def within(root: epath.Path) -> bool:
+        return target == root or str(target).startswith(f"{root}/")
+
+    if (
+        target == run_dir
+        or within(run_dir / "logits")
+        or within(run_dir / "checkpoints")
+    ):
+        raise ValueError(
+            f"--out {out} is the run's own directory (or its logits or "
+            "checkpoints); choose another --out."
+        )
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory.")
+    found = [name for name in OUTPUTS if (out / name).exists()]
+    if found and not overwrite:
+        raise ValueError(
+            f"--out {out} already holds an evaluation ({', '.join(found)}); pass "
+            "--overwrite to replace it, or choose another --out."
+        )
+
+
+def _exported_keys(config: ConfigDict, logits_dir: epath.Path) -> list[str]:
+    """The exported sets that ``config`` selects, in the trainer's order."""
+    keys = [k for k, s in (("val", config.dataset.val_split), ("test", "x")) if s]
+    if not config.dataset.test_split:
+        return keys[:1] if config.dataset.val_split else []
+    spec = config.shifts.corruptions
+    if spec.strip() not in ("none", ""):
+        severities = eval_lib.check_severities(config)
+        exported = eval_lib.exported_shifts(logits_dir)
+        published = bool(config.shifts.dataset)
+        known = (
+            sorted({c for c, _ in exported})
+            if published
+            else list(corruptions.CORRUPTIONS)
+        )
+        names = eval_lib.select_corruptions(spec, known, published=published)
+        for name in names:
+            for severity in severities:
+                if published and (name, severity) not in exported:
+                    continue  # the trainer skips sets absent from the data, too
+                keys.append(f"shift/{name}/{severity}")
+    if config.get("ood") is not None and config.ood.dataset:
+        keys.append(eval_lib.OOD_KEY)
+    return keys
+
+
+def _last_step(workdir: epath.Path) -> int | None:
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    return int(json.loads(lines[-1])["step"]) if lines else None
+
+
+def _from_checkpoint(config: ConfigDict, workdir: epath.Path, progress: bool):
+    """``(results, logits, step)`` of the newest checkpoint that restores."""
+    dataset = data_lib.get_dataset(
+        config.dataset.name, data_dir=config.dataset.data_dir or None
+    )
+    if not config.eval_batch_size > 0:
+        raise ValueError(
+            f"config.eval_batch_size must be a positive int, got {config.eval_batch_size}."
+        )
+    mesh = mesh_lib.data_mesh()
+    mesh_lib.check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
+    shifts = eval_lib.resolve_shifts(config, dataset)
+    ood = eval_lib.resolve_ood(config, dataset)
+    if config.two_stage.enabled:
+        stage, model = two_stage.build_stage_two(config, dataset), None
+    else:
+        stage, model = None, sharded_step.make_model(config, dataset.num_classes)
+    # Only the eval step and the state's structure are used; neither depends
+    # on the schedule's length.
+    steps = sharded_step.build_sharded_step(
+        config, dataset, mesh, max(int(config.num_steps), 1), model=model, stage=stage
+    )
+    state, step = checkpoint.restore_read_only(workdir, steps.abstract_state)
+    decoded = cache_lib.SplitCache(
+        memory_bytes=config.input.memory_gb * 2**30,
+        cache_dir=config.input.cache_dir or None,
+        workers=config.input.decode_workers,
+    )
+
+    def put(batch):
+        return mesh_lib.put_batch(batch, steps.batch_sharding)
+
+    sets = eval_lib.eval_sets(config, dataset, shifts, ood)
+    total = sum(len(s.source) for s in sets)
+    show = progress and jax.process_index() == 0
+    with Progress(total, enabled=show) as bar:
+        results, logits = eval_lib.evaluate(
+            config, sets, steps.eval, state, put, decoded, progress=bar
+        )
+    return results, logits, step
+
+
+def _plots(out: epath.Path, logits: dict, results: dict) -> None:
+    from calib_jax import plots  # matplotlib, imported only here
+
+    directory = out / PLOTS_DIR
+    storage.make_dirs(directory)
+    for key in ("val", "test"):
+        if key in logits:
+            z, y = logits[key]
+            probs = jax.nn.softmax(np.asarray(z, np.float32), axis=-1)
+            plots.reliability_diagram(
+                probs,
+                y,
+                num_bins=15,
+                title=f"{key}: accuracy {100 * results[f'{key}/accuracy']:.1f}%, "
+                f"ECE {100 * results[f'{key}/ece']:.2f}%",
+                path=directory / f"reliability_{key}.png",
+            )
+    shifted = [k for k in logits if k.startswith("shift/")]
+    if shifted and "test" in logits:
+        curves: dict[str, dict[int, list[float]]] = {}
+        for key in shifted:
+            _, name, severity = key.split("/")
+            curve = curves.setdefault(name, {0: [results["test/ece"]]})
+            curve[int(severity)] = [results[f"{key}/ece"]]
+        plots.ece_vs_severity(
+            curves,
+            metric_name="ECE (15 equal-width bins, l1)",
+            error=None,
+            title="ECE vs shift severity (severity 0: clean test)",
+            path=directory / "ece_vs_severity.png",
+        )
+
+
+def _write(out, workdir, results, logits, step, *, source, ood_name, overwrite):
+    if overwrite:
+        for name in OUTPUTS:
+            path = out / name
+            if path.is_dir():
+                path.rmtree()
+            elif path.exists():
+                path.unlink()
+    storage.make_dirs(out)
+    row = {"step": step, "time": round(time.time(), 3)} if step is not None else {}
+    row.update({k: float(v) for k, v in results.items()})
+    storage.write_text(out / METRICS_JSONL, json.dumps(row) + "\n")
+    summary = {
+        "workdir": str(workdir),
+        "source": source,
+        "step": step,
+        "metrics": results,
+    }
+    storage.write_text(out / METRICS_JSON, json.dumps(summary, indent=2) + "\n")
+    if source == "checkpoint":
+        eval_lib.export_logits(out / LOGITS_DIR, logits, ood_name)
+    _plots(out, logits, results)
+
+
+def run(
+    config: ConfigDict,
+    workdir: str | epath.PathLike,
+    *,
+    out: str | epath.PathLike | None = None,
+    from_logits: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> tuple[dict[str, float], epath.Path]:
+    """Evaluates the run in ``workdir`` as ``config`` says, without retraining.
+
+    Args:
+      config: the run's trainer config, with any evaluation changes
+        (``shifts``, ``ood``, ``eval_batch_size``, data dirs).
+      workdir: the training run (local or ``gs://``).
+      out: output directory (default ``<workdir>/evaluate``).
+      from_logits: score the logits the run exported (``<workdir>/logits``)
+        instead of restoring a checkpoint: the sets the config selects must
+        have been exported.
+      overwrite: replace an earlier evaluation in ``out``.
+      progress: show progress over the evaluated images.
+
+    Returns:
+      ``(metrics, out)``: the metrics under the trainer's keys (``val/...``,
+      ``test/...``, ``shift/<corruption>/<severity>/...``,
+      ``shift/mean/...``, ``ood/...``) and the output directory, which holds
+      ``metrics.jsonl`` (one row in the trainer's format), ``metrics.json``,
+      ``logits/`` (the trainer's file names; not with ``from_logits``) and
+      ``plots/``.
+
+    Raises:
+      ValueError: a workdir with neither checkpoints nor logits, a config of
+        another model, an existing evaluation without ``overwrite``, or any
+        bad name or missing data of the config (one line).
+    """
+    workdir = storage.as_path(workdir, what="--workdir")
+    storage.check_reachable(workdir, what="--workdir")
+    if not workdir.is_dir():
+        raise ValueError(f"--workdir {workdir} does not exist or is not a directory.")
+    out = storage.as_path(out, what="--out") if out else workdir / OUT_DIRNAME
+    has_checkpoint = bool(checkpoint.checkpoint_steps(workdir))
+    has_logits = _has_logits(workdir)
+    if not has_checkpoint and not has_logits:
+        raise ValueError(
+            f"--workdir {workdir} holds neither checkpoints nor exported logits; "
+            "is it a training run's workdir?"
+        )
+    if from_logits and not has_logits:
+        raise ValueError(
+            f"--from_logits: {workdir / 'logits'} holds no exported logits (the "
+            "run did not finish); evaluate its checkpoint without --from_logits."
+        )
+    if not from_logits and not has_checkpoint:
+        raise ValueError(
+            f"{workdir} holds no checkpoint; score its exported logits with "
+            "--from_logits."
+        )
+    check_config(config, workdir)
+    check_out(workdir, out, overwrite)
+    ood_name = config.ood.dataset if config.get("ood") is not None else ""
+    if from_logits:
+        keys = _exported_keys(config, workdir / "logits")
+        logits = eval_lib.read_logits(workdir / "logits", keys, ood_name)
+        results, step = eval_lib.score(logits), _last_step(workdir)
+    else:
+        results, logits, step = _from_checkpoint(config, workdir, progress)
+    if jax.process_index() == 0:
+        _write(
+            out,
+            workdir,
+            results,
+            logits,
+            step,
+            source="logits" if from_logits else "checkpoint",
+            ood_name=ood_name,
+            overwrite=overwrite,
+        )
+    return results, out

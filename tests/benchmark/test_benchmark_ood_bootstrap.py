@@ -1,0 +1,188 @@
+"""OOD scores and bootstrap intervals of the benchmark rows, and their report tables.
+
+The value tests compile every benchmark metric, conformal fit, bootstrap and
+OOD score for their own shapes (about 20 s on a shared 2-core machine): they
+are ``slow``. ``tests/benchmark/test_benchmark.py`` checks the fields and
+tables of a real tiny grid in the fast suite.
+"""
+
+import _reference_metrics as ref
+import jax
+import numpy as np
+import pytest
+
+from calib_jax import metrics, posthoc
+from calib_jax.benchmark import evaluate, report
+
+
+def _logits(seed, n=300, k=5, signal=3.0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, k, n).astype(np.int32)
+    z = rng.normal(size=(n, k))
+    z[np.arange(n), y] += rng.uniform(0, signal, n)
+    return (2.5 * z).astype(np.float32), y
+
+
+LOGITS = {
+    "val": _logits(0),
+    "test": _logits(1),
+    "noise/1": _logits(2),
+    "ood": (_logits(3, n=200, signal=0.0)[0], np.full(200, -1, np.int32)),
+}
+KW = {"bootstrap_samples": 64, "confidence": 0.9}
+
+
+def _cell(seed, logits=LOGITS, **kw):
+    return evaluate.cell_rows(
+        logits, method="ce", seed=seed, calibrators=("none", "ts:nll"), **kw
+    )
+
+
+@pytest.fixture(scope="module")
+def cells():
+    return LOGITS, _cell(0, **KW) + _cell(1, **KW)
+
+
+def _msp(z):
+    p = np.exp(z - z.max(1, keepdims=True))
+    return (p / p.sum(1, keepdims=True)).max(1)
+
+
+@pytest.mark.slow
+def test_clean_rows_carry_ood_scores_of_the_calibrated_logits(cells):
+    logits, rows = cells
+    ts = posthoc.fit("ts:nll", *logits["val"])
+    clean = [r for r in rows if r["shift"] == "clean"]
+    assert len(clean) == 4
+    for r in clean:
+        apply = ts.apply if r["calibrator"] == "ts:nll" else (lambda z: z)
+        s_in = _msp(np.asarray(apply(logits["test"][0]), np.float64))
+        s_out = _msp(np.asarray(apply(logits["ood"][0]), np.float64))
+        assert r["ood_auroc"] == pytest.approx(ref.ood_auroc(s_in, s_out), abs=1e-5)
+        assert r["ood_aupr_in"] == pytest.approx(ref.ood_aupr(s_in, s_out), abs=1e-5)
+        assert r["ood_aupr_out"] == pytest.approx(
+            ref.ood_aupr(s_in, s_out, "out"), abs=1e-5
+        )
+        assert r["ood_fpr_at_95_tpr"] == pytest.approx(
+            ref.fpr_at_tpr(s_in, s_out), abs=1e-6
+        )
+    # Only clean rows, and the other fields are those of a run without OOD.
+    assert not any("ood_auroc" in r for r in rows if r["shift"] != "clean")
+    without = {k: v for k, v in logits.items() if k != "ood"}
+    plain = _cell(0, without)
+    new = ("ood_", "_lo", "_hi")
+    strip = [{k: v for k, v in r.items() if not any(n in k for n in new)} for r in rows]
+    assert strip[: len(plain)] == plain
+
+
+@pytest.mark.slow
+def test_bootstrap_intervals_are_percentiles_of_shared_resamples(cells):
+    logits, rows = cells
+    clean = {(r["calibrator"], r["seed"]): r for r in rows if r["shift"] == "clean"}
+    z, y = logits["test"]
+    # Accuracy by hand over the cell's resamples (metrics.resample_indices).
+    key = evaluate.bootstrap_key("ce", 0)
+    n = len(y)
+    correct = (np.argmax(z, 1) == y).astype(np.float64)
+    values = [
+        correct[np.asarray(metrics.resample_indices(key, b, n, n))].mean()
+        for b in range(64)
+    ]
+    lo, hi = np.quantile(values, [0.05, 0.95])
+    row = clean["none", 0]
+    assert row["accuracy_lo"] == pytest.approx(lo, abs=1e-6)
+    assert row["accuracy_hi"] == pytest.approx(hi, abs=1e-6)
+    assert row["accuracy_lo"] <= row["accuracy"] <= row["accuracy_hi"]
+    for m in evaluate.BOOTSTRAP_METRICS:
+        assert row[f"{m}_lo"] <= row[f"{m}_hi"]
+    # Temperature scaling keeps every prediction: on the same resamples the
+    # accuracy intervals are identical, while the NLL intervals differ.
+    ts = clean["ts:nll", 0]
+    assert (ts["accuracy_lo"], ts["accuracy_hi"]) == (
+        row["accuracy_lo"],
+        row["accuracy_hi"],
+    )
+    assert ts["nll_hi"] != row["nll_hi"]
+    # Another seed of the cell draws other resamples; a rerun the same ones.
+    assert clean["none", 1]["ece_lo"] != row["ece_lo"]
+    assert _cell(0, **KW) == rows[: len(rows) // 2]
+    # The ECE interval equals metrics.bootstrap's with the same key.
+    probs = jax.nn.softmax(z, axis=-1)
+    res = metrics.bootstrap(
+        {"ece": metrics.ece}, probs, y, num_samples=64, key=key, confidence=0.9
+    )
+    assert row["ece_lo"] == float(res.lower["ece"])
+
+
+def _rows():
+    """Rows as cell_rows writes them (values drawn at random)."""
+    rng = np.random.default_rng(7)
+    rows = []
+    for seed in (0, 1):
+        for cal in ("none", "ts:nll"):
+            for shift in ("clean", "noise/1"):
+                r = {
+                    "method": "ce",
+                    "calibrator": cal,
+                    "seed": seed,
+                    "shift": shift,
+                    "corruption": "clean" if shift == "clean" else "noise",
+                    "severity": 0 if shift == "clean" else 1,
+                }
+                for m in evaluate.METRICS:
+                    r[m] = float(rng.uniform(0.1, 0.9))
+                if shift == "clean":
+                    for f in evaluate.OOD_FIELDS:
+                        r[f] = float(rng.uniform())
+                    for m in evaluate.BOOTSTRAP_METRICS:
+                        r[f"{m}_lo"], r[f"{m}_hi"] = r[m] - 0.01, r[m] + 0.02
+                rows.append(r)
+    return rows
+
+
+def test_report_tables_of_ood_scores_and_intervals():
+    rows = _rows()
+    lines = report.ood_table(report.Rows(rows), "digits_patches")
+    assert lines[0] == "## OOD detection against `digits_patches`"
+    header = [c.strip() for c in lines[4].strip("|").split("|")]
+    assert header == [
+        "method",
+        "calibrator",
+        "AUROC",
+        "AUPR-In",
+        "AUPR-Out",
+        "FPR at 95% TPR",
+    ]
+    line = next(ln for ln in lines if ln.startswith("| ce | ts:nll |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    vals = [
+        r["ood_auroc"]
+        for r in rows
+        if r["calibrator"] == "ts:nll" and r["shift"] == "clean"
+    ]
+    assert cells[2] == report.fmt(np.mean(vals), np.std(vals, ddof=1) / np.sqrt(2))
+
+    lines = report.bootstrap_table(report.Rows(rows), 0.9)
+    assert lines[0] == "## Bootstrap 90% intervals (clean test, seed 0)"
+    line = next(ln for ln in lines if ln.startswith("| ce | none |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    r = next(
+        r
+        for r in rows
+        if (r["calibrator"], r["seed"], r["shift"]) == ("none", 0, "clean")
+    )
+    assert cells[2] == (
+        f"{100 * r['accuracy']:.2f} [{100 * r['accuracy_lo']:.2f}, "
+        f"{100 * r['accuracy_hi']:.2f}]"
+    )
+    assert cells[5] == f"{r['nll']:.3f} [{r['nll_lo']:.3f}, {r['nll_hi']:.3f}]"
+    # Rows of a run without them: no tables.
+    old = [
+        {
+            k: v
+            for k, v in r.items()
+            if "_lo" not in k and "_hi" not in k and not k.startswith("ood_")
+        }
+        for r in rows
+    ]
+    assert report.ood_table(old) == [] and report.bootstrap_table(old) == []

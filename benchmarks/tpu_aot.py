@@ -228,6 +228,30 @@ def _body(rows, failures, topologies, machine, done, total) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _key(pair) -> tuple[str, str, str]:
+    (name, method, _), topology = pair
+    return name, method, topology
+
+
+def existing_rows(section: str) -> list[tuple[tuple[str, str, str], str]]:
+    """``((config, method, topology), line)`` of the table rows in ``section``."""
+    from _timing import RESULTS
+
+    text = RESULTS.read_text() if RESULTS.exists() else ""
+    start = text.find(f"## {section}\n")
+    if start < 0:
+        return []
+    end = text.find("\n## ", start + 1)
+    out = []
+    for line in text[start : end if end >= 0 else None].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or cells[0] in ("config", "---"):
+            continue
+        method = cells[1].removesuffix(" (secondary step)")
+        out.append(((cells[0], method, cells[2].split(" ")[0]), line))
+    return out
+
+
 def main(argv=None) -> int:
     """Entry point; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -258,6 +282,11 @@ def main(argv=None) -> int:
         help="compile the tuned and plain kernel formulations (tpu_kernels.py)",
     )
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows already in the section and compile only the rest",
+    )
     args = parser.parse_args(argv)
     if args.kernels:
         import tpu_kernels
@@ -288,6 +317,11 @@ def main(argv=None) -> int:
         topologies = list(dict.fromkeys([*topologies, *ce_topologies]))
         section = SECTION
     rows, failures = [], []
+    if args.resume:
+        kept = existing_rows(section)
+        rows = [line for key, line in kept if key in {_key(w) for w in work}]
+        work = [w for w in work if _key(w) not in {key for key, _ in kept}]
+        print(f"Keeping {len(rows)} rows of the section; {len(work)} to compile.")
     machine = machine_line()
     for i, ((name, method, config), topology) in enumerate(work, 1):
         print(f"[{i}/{len(work)}] {name} {method} on {topology} ...", flush=True)

@@ -195,3 +195,27 @@ def test_grid_entries_are_the_benchmark_cells_but_stage_two():
         ["benchmark_cifar100"], ["interleaved_sb_ece"]
     )
     assert interleaved[2].interleaved.enabled
+
+
+def test_resume_reads_the_rows_of_its_own_section(monkeypatch, tmp_path):
+    import _timing
+
+    results = tmp_path / "RESULTS.md"
+    results.write_text(
+        "# Benchmark results\n\n## TPU ahead-of-time compile\nText.\n\n"
+        f"{tpu_aot.HEADER}\n"
+        "| cifar10_wrn28_10 | sb_ece | v5e:16x16 (256) | 512 | 1 | yes | 1 | 1 | 1 |\n"
+        "| benchmark_cifar10 | interleaved_sb_ece (secondary step) | v5e:2x2 (4) |\n"
+        "\n## TPU ahead-of-time compile: benchmark grid\n"
+        "| other | ce | v5e:2x2 (4) | 512 |\n"
+    )
+    monkeypatch.setattr(_timing, "RESULTS", results)
+    rows = tpu_aot.existing_rows(tpu_aot.SECTION)
+    assert [key for key, _ in rows] == [
+        ("cifar10_wrn28_10", "sb_ece", "v5e:16x16"),
+        ("benchmark_cifar10", "interleaved_sb_ece", "v5e:2x2"),
+    ]
+    assert rows[0][1].startswith("| cifar10_wrn28_10 | sb_ece |")
+    assert [k for k, _ in tpu_aot.existing_rows(tpu_aot.GRID_SECTION)] == [
+        ("other", "ce", "v5e:2x2")
+    ]

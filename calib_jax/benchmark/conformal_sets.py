@@ -33,8 +33,16 @@ def fit(val_logits, val_labels) -> dict:
     """
     if len(val_labels) < 1 / ALPHA - 1:
         return {}
-    z = np.asarray(val_logits, np.float32)
+    z = finite(val_logits)
     return {m: conformal.fit(m, z, val_labels, alpha=ALPHA) for m in METHODS}
+
+
+def finite(logits) -> np.ndarray:
+    """float32 logits with ``-inf`` (a zero probability, as the histogram and
+    isotonic calibrators give) as the lowest finite float32: the softmax is
+    unchanged, and the conformal fit's input check accepts it."""
+    z = np.asarray(logits, np.float32)
+    return np.where(np.isneginf(z), np.finfo(np.float32).min, z)
 
 
 @jax.jit
@@ -60,4 +68,4 @@ def scores(predictors: dict, logits, labels) -> dict:
     """
     if not predictors:
         return {}
-    return jax.device_get(_scores(predictors, logits, labels))
+    return jax.device_get(_scores(predictors, finite(logits), labels))

@@ -54,17 +54,12 @@ def _binary_map(params, v, cls):
 
 def apply_top_label(params, logits):
     """``apply_fn`` of top-label histogram binning (log-probabilities)."""
-    pred, conf = _reduction.top_label(logits)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return _reduction.top_label_output(logp, pred, _binary_map(params, conf, pred))
+    return _reduction.apply_top_label(_binary_map, params, logits)
 
 
 def apply_one_vs_rest(params, logits):
     """``apply_fn`` of one-vs-rest histogram binning (log-probabilities)."""
-    n, k = logits.shape
-    p = _reduction.probabilities(logits)
-    cls = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32)[None, :], (n, k))
-    return _reduction.one_vs_rest_output(_binary_map(params, p, cls))
+    return _reduction.apply_one_vs_rest(_binary_map, params, logits)
 
 
 def apply_histogram_binning(

@@ -116,6 +116,28 @@ def one_vs_rest_output(q: jax.Array) -> jax.Array:
 # ---------------------------------------------------------------------------
 
 
+def apply_top_label(binary_map, params, logits: jax.Array) -> jax.Array:
+    """Top-label calibrated log-probabilities from a per-class ``binary_map``.
+
+    ``binary_map(params, scores, classes)`` maps each row's top-label
+    confidence (with its predicted class) to a calibrated one, which
+    :func:`top_label_output` puts back on the simplex.
+    """
+    pred, conf = top_label(logits)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return top_label_output(logp, pred, binary_map(params, conf, pred))
+
+
+def apply_one_vs_rest(binary_map, params, logits: jax.Array) -> jax.Array:
+    """One-vs-rest calibrated log-probabilities from a per-class ``binary_map``
+    applied to every class's probability, renormalised by
+    :func:`one_vs_rest_output`."""
+    n, k = logits.shape
+    p = probabilities(logits)
+    cls = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32)[None, :], (n, k))
+    return one_vs_rest_output(binary_map(params, p, cls))
+
+
 def _widths(num_slots: int) -> tuple[int, ...]:
     # 11/11/10-bit digits keep the passes few; with many (group, rank) slots
     # 8-bit digits keep the per-slot histograms small.

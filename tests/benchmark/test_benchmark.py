@@ -15,10 +15,6 @@ import pytest
 from calib_jax.benchmark import report, runner
 from configs import benchmark_digits
 
-# Long end-to-end checks: run by `make test-slow`.
-pytestmark = pytest.mark.slow
-
-
 ROOT = Path(__file__).resolve().parents[2]
 METHODS = ("ce", "two_stage", "sb_ece")
 CALIBRATORS = ("none", "ts:nll", "ts:sb_ece")

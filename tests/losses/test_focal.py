@@ -340,7 +340,6 @@ def test_focal_family_at_extreme_rows_matches_float64(gamma, dual):
     np.testing.assert_allclose(g[wide], want[wide], rtol=1e-3, atol=1e-6)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "fn, kw",
     [

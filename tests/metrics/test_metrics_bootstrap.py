@@ -48,7 +48,6 @@ def test_equals_numpy_bootstrap_on_the_same_resamples(name, fn_ref):
     np.testing.assert_allclose(float(res.estimate), fn_ref(probs, labels), rtol=1e-5)
 
 
-@pytest.mark.slow
 def test_where_equals_slicing_and_jit_equals_eager():
     probs, labels = softmax_case(n=50, k=3, seed=52)
     pp, pl, w = padded(probs, labels, size=64)

@@ -143,7 +143,6 @@ SMALL = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_forward_features_head_batch_stats_dropout(name):
     model, shape = SMALL[name]

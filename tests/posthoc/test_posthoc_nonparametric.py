@@ -11,10 +11,6 @@ from sklearn.isotonic import IsotonicRegression
 from calib_jax import posthoc
 from calib_jax.posthoc import _reduction
 
-# Long end-to-end checks: run by `make test-slow`.
-pytestmark = pytest.mark.slow
-
-
 VARIANTS = ("top_label", "one_vs_rest")
 
 

@@ -205,7 +205,6 @@ def _suspicious(record):
     return [w for w in record if issubclass(w.category, posthoc.SuspiciousFitWarning)]
 
 
-@pytest.mark.slow
 def test_misaligned_labels_warn_once_in_one_line():
     z, y = overconfident(2000, 10, seed=0, scale=5.0)
     # Misaligned labels: no label matches its row's prediction (accuracy 0;

@@ -63,7 +63,6 @@ def _digits(prefetch, shifts="contrast"):
     return c
 
 
-@pytest.mark.slow
 def test_digits_with_prefetch_equals_without_and_logs_the_input_wait(tmp_path):
     assert len(jax.devices()) == 8
     loop.train_and_evaluate(_digits(0), tmp_path / "sync", progress=False)

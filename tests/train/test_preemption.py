@@ -8,13 +8,11 @@ import signal
 import subprocess
 import time
 
-import _cli
 import jax
 import numpy as np
-import pytest
 
-from calib_jax.train import loop
-from calib_jax.train import setup as setup_lib
+import _cli
+from calib_jax.train import loop, setup as setup_lib
 from calib_jax.train.checkpoint import Checkpointer
 from configs import digits_ce
 
@@ -26,7 +24,6 @@ QUICK = (
 )
 
 
-@pytest.mark.slow
 def test_sigterm_checkpoints_exits_zero_and_resumes_to_the_same_result(tmp_path):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     assert _cli.run("digits_ce.py", straight, *QUICK).returncode == 0

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import pytest
 import tensorflow_datasets as tfds
 
 from calib_jax import data, losses
@@ -60,7 +59,6 @@ def _per_example(found):
     ]
 
 
-@pytest.mark.slow
 def test_setup_build_runs_the_builders_step_on_the_batches_it_compiles_for(
     monkeypatch, tmp_path
 ):

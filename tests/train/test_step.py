@@ -63,7 +63,6 @@ def test_eight_devices_equal_one_device_after_five_steps(name):
     assert abs(h8[-1] - h8[0]) > 1e-3
 
 
-@pytest.mark.slow
 def test_per_device_statistics_differ_from_global_and_match_shard_means():
     terms = [dict(name="sb_ece", weight=1.0)]
     _, glob = _run(jax.devices(), terms, steps=1)

@@ -178,12 +178,15 @@ def fit_histogram_binning(
     """
     _validate.check_choice("variant", variant, _reduction.VARIANTS)
     _validate.check_choice("binning", binning, BINNINGS)
-    logits, labels, where = _validate.check_inputs(logits, labels, where)
+    logits, labels, where = _validate.check_inputs(logits, labels, where, values=False)
     num_bins = _validate.check_positive_int("num_bins", num_bins)
+    # The value check shares the scores' read of the logits; it raises once
+    # the fit is dispatched, so the host waits for both at once.
     if variant == "top_label":
-        cls, v = _reduction.top_label(logits)
+        (cls, v), summary = _reduction.checked_top_label(logits, labels, where)
     else:
-        cls, v = None, _reduction.probabilities(logits)
+        cls = None
+        v, summary = _reduction.checked_probabilities(logits, labels, where)
     params, accuracy = _fit(
         v,
         cls,
@@ -193,6 +196,8 @@ def fit_histogram_binning(
         num_bins=num_bins,
         binning=binning,
     )
+    if _validate.is_concrete(logits, labels, where):
+        _validate.raise_for_values(summary, logits.shape)
     _validate.warn_if_suspicious(
         logits, labels, where, name="histogram_binning", accuracy=accuracy
     )

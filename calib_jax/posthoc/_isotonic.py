@@ -152,7 +152,7 @@ def fit_isotonic(
       True
     """
     _validate.check_choice("variant", variant, _reduction.VARIANTS)
-    logits, labels, where = _validate.check_inputs(logits, labels, where)
+    logits, labels, where = _validate.check_inputs(logits, labels, where, values=False)
     if not _validate.is_concrete(logits, labels, where):
         raise ValueError(
             "fit_isotonic runs on the host (its knots have no static shape): "
@@ -161,15 +161,14 @@ def fit_isotonic(
     k = logits.shape[1]
     keep = None if where is None else np.asarray(where)
     on_host = jax.default_backend() == "cpu"
+    # The value check shares the scores' read of the logits.
     if variant == "top_label":
-        pred, conf = _reduction.top_label(logits)
-        cls, keys = _top_label_keys(
+        (pred, conf), summary = _reduction.checked_top_label(logits, labels, where)
+        cls, keys, counts, accuracy = _top_label_keys(
             pred, conf, labels, where, num_classes=k, sort=not on_host
         )
-        cls, keys = np.asarray(cls), np.array(keys)
-        counts = np.bincount(cls, minlength=k + 1)[:k]
-        correct = keys & np.uint32(1)
-        accuracy = correct.sum() / max(int(counts.sum()), 1) if keep is None else None
+        _validate.raise_for_values(summary, logits.shape)
+        cls, keys, counts = np.asarray(cls), np.array(keys), np.asarray(counts)
         if on_host:
             # Group the rows by class (a radix sort of small ints), then sort
             # each class's keys in place: NumPy's sort is much faster than
@@ -182,8 +181,10 @@ def fit_isotonic(
             for g in groups:
                 g.sort()
     else:
-        p = _reduction.probabilities(logits)
-        keys = np.array(_one_vs_rest_keys(p, labels, where, sort=not on_host))
+        p, summary = _reduction.checked_probabilities(logits, labels, where)
+        keys = _one_vs_rest_keys(p, labels, where, sort=not on_host)
+        _validate.raise_for_values(summary, logits.shape)
+        keys = np.array(keys)
         if on_host:
             keys.sort(axis=1)
         # Excluded rows carry the largest key and sort last.
@@ -213,13 +214,17 @@ def _pack(v, target):
 
 @functools.partial(jax.jit, static_argnames=("num_classes", "sort"))
 def _top_label_keys(pred, conf, labels, where, *, num_classes, sort):
-    """``(class [N], key [N])``; excluded rows get class ``K``. With ``sort``,
-    sorted by (class, key)."""
-    keys = _pack(conf, pred == labels)
+    """``(class [N], key [N], rows per class [K], accuracy)``; excluded rows
+    get class ``K``. With ``sort``, sorted by (class, key)."""
+    correct = pred == labels
+    keys = _pack(conf, correct)
     cls = pred if where is None else jnp.where(where, pred, num_classes)
+    counts = jax.ops.segment_sum(jnp.ones_like(cls), cls, num_classes + 1)
+    kept = cls < num_classes
+    accuracy = jnp.sum(correct & kept) / jnp.maximum(jnp.sum(kept), 1)
     if sort:
         cls, keys = jax.lax.sort((cls, keys), num_keys=2)
-    return cls, keys
+    return cls, keys, counts[:num_classes], accuracy
 
 
 @functools.partial(jax.jit, static_argnames="sort")

@@ -52,6 +52,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax.posthoc import _validate
+
 VARIANTS = ("top_label", "one_vs_rest")
 
 
@@ -76,6 +78,21 @@ def top_label(logits: jax.Array):
     m = jnp.max(logits, axis=-1, keepdims=True)
     pred = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     return pred, 1.0 / jnp.sum(jnp.exp(logits - m), axis=-1)
+
+
+@jax.jit
+def checked_top_label(logits: jax.Array, labels: jax.Array, where):
+    """``(top_label(logits), value_summary)``: a fitter's scores and its input
+    check from one read of the logits (the scores bit-equal to
+    :func:`top_label`'s, which applying a map computes)."""
+    return top_label(logits), _validate.value_summary(logits, labels, where)
+
+
+@jax.jit
+def checked_probabilities(logits: jax.Array, labels: jax.Array, where):
+    """``(probabilities(logits), value_summary)`` from one read of the
+    logits (the probabilities bit-equal to :func:`probabilities`'s)."""
+    return probabilities(logits), _validate.value_summary(logits, labels, where)
 
 
 def top_label_output(logp: jax.Array, pred: jax.Array, conf: jax.Array):

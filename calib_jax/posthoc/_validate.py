@@ -23,7 +23,9 @@ def is_concrete(*arrays) -> bool:
     return not any(isinstance(a, jax.core.Tracer) for a in arrays if a is not None)
 
 
-def check_inputs(logits, labels, where=None, *, name: str = "logits"):
+def check_inputs(
+    logits, labels, where=None, *, name: str = "logits", values: bool = True
+):
     """Checks ``(logits [N, K], labels [N], where [N] | None)``.
 
     Args:
@@ -32,6 +34,10 @@ def check_inputs(logits, labels, where=None, *, name: str = "logits"):
       where: optional bool ``[N]``; ``False`` rows are excluded and not
         value-checked.
       name: how ``logits`` is called in messages (e.g. ``'val logits'``).
+      values: whether to check the values of concrete inputs here. A fitter
+        that reads the logits in a compiled call anyway passes False and
+        computes :func:`value_summary` inside that call (one read of the
+        logits instead of two), then calls :func:`raise_for_values`.
 
     Returns:
       ``(logits, labels, where)`` as JAX arrays (``where`` may stay None).
@@ -67,14 +73,24 @@ def check_inputs(logits, labels, where=None, *, name: str = "logits"):
             raise TypeError(f"where must be a bool mask, got dtype {where.dtype}.")
         if where.shape != (n,):
             raise ValueError(f"where must have shape [N] = ({n},), got {where.shape}.")
-    if is_concrete(logits, labels, where):
+    if values and is_concrete(logits, labels, where):
         _check_values(logits, labels, where, name)
     return logits, labels, where
 
 
-@jax.jit
-def _value_summary(logits, labels, keep):
-    """Counts and first rows of the bad values, in one pass on the device."""
+def value_summary(logits, labels, where):
+    """Counts and first rows of the bad values, traceable: computed inside a
+    fitter's own compiled call, it shares that call's read of the logits.
+
+    Args:
+      logits: float ``[N, K]``.
+      labels: int ``[N]``.
+      where: bool ``[N]`` or None (every row).
+
+    Returns:
+      A tuple of scalars for :func:`raise_for_values`.
+    """
+    keep = jnp.ones(labels.shape, bool) if where is None else where
     k = logits.shape[1]
     bad = keep & ~jnp.all(jnp.isfinite(logits), axis=1)
     out = keep & ((labels < 0) | (labels >= k))
@@ -89,10 +105,23 @@ def _value_summary(logits, labels, keep):
     )
 
 
+_value_summary = jax.jit(value_summary)
+
+
 def _check_values(logits, labels, where, name):
-    keep = jnp.ones(labels.shape, bool) if where is None else jnp.asarray(where)
+    raise_for_values(_value_summary(logits, labels, where), logits.shape, name=name)
+
+
+def raise_for_values(summary, shape, *, name: str = "logits") -> None:
+    """Raises the one-line ValueError that :func:`value_summary` calls for.
+
+    Args:
+      summary: the output of :func:`value_summary` (fetched here).
+      shape: the logits' shape ``(N, K)``.
+      name: how the logits are called in the message.
+    """
     any_keep, n_bad, first_bad, n_out, first_out, label = (
-        int(v) for v in jax.device_get(_value_summary(logits, labels, keep))
+        int(v) for v in jax.device_get(summary)
     )
     if not any_keep:
         raise ValueError("where excludes every row: fitting needs at least one sample.")
@@ -102,7 +131,7 @@ def _check_values(logits, labels, where, name):
             f"{first_bad})."
         )
     if n_out:
-        k = logits.shape[1]
+        k = shape[1]
         raise ValueError(
             f"labels must lie in [0, K) = [0, {k}); found {label} at row "
             f"{first_out} ({n_out} out of range)."

@@ -47,6 +47,51 @@ def test_library_scores_are_the_softmax():
     assert (library_scores(z, "top_label").argmax(1) == z.argmax(1)).all()
 
 
+@pytest.mark.parametrize(
+    ("n", "k", "scale"), [(7, 2, 0.1), (4097, 3, 30.0), (3000, 100, 3.0)]
+)
+def test_checked_scores_are_bit_equal_to_the_ones_maps_apply(n, k, scale):
+    # Fitters read the logits once for scores and value check together; the
+    # scores must stay bit-equal to what apply_* computes, or a validation
+    # score at a threshold could change bins between fit and apply.
+    rng = np.random.default_rng(n)
+    z = jnp.asarray((scale * rng.normal(size=(n, k))).astype(np.float32))
+    y = jnp.asarray(rng.integers(0, k, n).astype(np.int32))
+    where = jnp.asarray(rng.random(n) < 0.5)
+    for w in (None, where):
+        (pred, conf), _ = _reduction.checked_top_label(z, y, w)
+        p, _ = _reduction.checked_probabilities(z, y, w)
+        ref_pred, ref_conf = _reduction.top_label(z)
+        np.testing.assert_array_equal(np.asarray(pred), np.asarray(ref_pred))
+        np.testing.assert_array_equal(np.asarray(conf), np.asarray(ref_conf))
+        np.testing.assert_array_equal(
+            np.asarray(p), np.asarray(_reduction.probabilities(z))
+        )
+
+
+@pytest.mark.parametrize("name", ["histogram_binning", "isotonic"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fused_value_check_names_the_first_bad_row(name, variant):
+    z, y = tied(300, 4, seed=3, distinct=100)
+    fit = getattr(posthoc, f"fit_{name}")
+    bad = z.copy()
+    bad[[17, 40], 2] = [np.inf, np.nan]
+    with pytest.raises(
+        ValueError, match=r"NaN/inf values in 2 row\(s\) \(first at row 17\)"
+    ):
+        fit(bad, y, variant=variant)
+    where = np.ones(300, bool)
+    where[17] = False
+    with pytest.raises(ValueError, match=r"in 1 row\(s\) \(first at row 40\)"):
+        fit(bad, y, where=where, variant=variant)
+    bad_y = y.copy()
+    bad_y[5] = 4
+    with pytest.raises(ValueError, match=r"found 4 at row 5 \(1 out of range\)"):
+        fit(z, bad_y, variant=variant)
+    with pytest.raises(ValueError, match="where excludes every row"):
+        fit(z, y, where=np.zeros(300, bool), variant=variant)
+
+
 # ---------------------------------------------------------------------------
 # Histogram binning
 # ---------------------------------------------------------------------------

@@ -36,9 +36,10 @@ References:
   arXiv:1609.00451v2, Sec. 2 (the oracle set :math:`\{y : p(y|x) \ge t\}`)
   and Sec. 4 (its plug-in, split estimate).
   [2] Y. Romano, M. Sesia and E. J. Candès, "Classification with Valid and
-  Adaptive Coverage", NeurIPS 2020, arXiv:2006.02544v1, Sec. 2: the
-  randomised oracle sets (Eq. (5)) and the generalised inverse quantile
-  conformity score (Eq. (7)).
+  Adaptive Coverage", NeurIPS 2020, arXiv:2006.02544v1: the randomised
+  generalised-quantile sets of the oracle (Sec. 1.1, Eqs. (5)-(6)), the
+  generalised inverse quantile conformity score (Sec. 2.1, Eq. (7)) and its
+  split-conformal calibration (Sec. 2.2, Algorithm 1).
   [3] A. N. Angelopoulos, S. Bates, J. Malik and M. I. Jordan, "Uncertainty
   Sets for Image Classifiers using Conformal Prediction", ICLR 2021,
   arXiv:2009.14193v5, Sec. 2 (RAPS, Algorithms 1 and 2).
@@ -338,7 +339,7 @@ def aps_score(
 
     References:
       [1] Y. Romano, M. Sesia and E. J. Candès, NeurIPS 2020,
-      arXiv:2006.02544v1, Sec. 2, Eqs. (5) and (7).
+      arXiv:2006.02544v1, Sec. 1.1, Eq. (5) and Sec. 2.1, Eq. (7).
       [2] A. N. Angelopoulos et al., ICLR 2021, arXiv:2009.14193v5, Sec. 2.
 
     Examples:
@@ -370,7 +371,8 @@ def aps_sets(
 
     References:
       [1] Y. Romano, M. Sesia and E. J. Candès, NeurIPS 2020,
-      arXiv:2006.02544v1, Sec. 2.
+      arXiv:2006.02544v1, Sec. 2.2, Algorithm 1 (the set of Eq. (8); the
+      roles of :math:`u` and :math:`1 - u` swapped, see :func:`aps_score`).
     """
     return raps_sets(probs, qhat, u=u, lam=0.0, k_reg=0)
 

@@ -75,8 +75,8 @@ def mmce(
       [1] A. Kumar, S. Sarawagi, U. Jain, "Trainable Calibration Measures for
       Neural Networks from Kernel Mean Embeddings", ICML 2018 (PMLR 80), Sec. 3
       (MMCE and its minibatch estimate) and Sec. 4 (weighted MMCE, training
-      objective). (The paper is not in this repository's ``papers/``; equation
-      numbers are therefore not quoted.)
+      objective). (Equation numbers are not quoted: they have not been
+      checked against the paper's text.)
 
     Examples:
       >>> import jax.numpy as jnp

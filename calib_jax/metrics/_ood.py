@@ -92,7 +92,7 @@ def ood_auroc(
 
     References:
       [1] D. Hendrycks, K. Gimpel, "A Baseline for Detecting Misclassified and
-      Out-of-Distribution Examples in Neural Networks", ICLR 2017,
+      Out-of-Distribution Examples in Neural Networks", ICLR 2017
       (maximum softmax probability baseline).
 
     Examples:
@@ -181,7 +181,7 @@ def fpr_at_95_tpr(
 
     References:
       [1] S. Liang, Y. Li, R. Srikant, "Enhancing the Reliability of
-      Out-of-Distribution Image Detection in Neural Networks", ICLR 2018,
+      Out-of-Distribution Image Detection in Neural Networks", ICLR 2018
       (FPR at 95% TPR).
 
     Examples:

@@ -38,12 +38,16 @@ demo: $(STAMP)
 		--workdir $(DEMO_DIR)
 
 test: $(STAMP)
-	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m 'not slow' tests
+	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m 'not slow and not long' tests
 
 # The TPU compile loads libtpu into its process; it runs in a pytest process of
-# its own so that no other test shares a process with libtpu.
+# its own so that no other test shares a process with libtpu. The `long` tests
+# (unit and end-to-end tests over make test's time budget) also run in pytest
+# processes of their own, apart from the slow end-to-end ones (emulated
+# buckets, subprocess pods): the same company they keep in make test.
 TPU_TEST := tests/test_tpu_aot.py::test_resnet20_sb_ece_step_compiles_and_fits_on_v5e_2x2
 test-slow: $(STAMP) $(TPU_AOT_STAMP)
+	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m 'long and not slow' tests
 	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m slow tests --deselect $(TPU_TEST)
 	JAX_PLATFORMS=cpu $(PY) -m pytest -m slow $(TPU_TEST)
 

@@ -57,6 +57,7 @@ def _mean_sem(values) -> str:
     return f"{100 * v.mean():.2f} ± {100 * sem:.2f}"
 
 
+@pytest.mark.long
 def test_outputs_and_report_recomputable_from_results(finished):
     rows = [json.loads(ln) for ln in (finished / "results.jsonl").open()]
     # methods x calibrators x seeds x (clean + 2 shifted sets)
@@ -121,6 +122,7 @@ def test_outputs_and_report_recomputable_from_results(finished):
     )
 
 
+@pytest.mark.long
 def test_killed_benchmark_resumes_without_recomputing_and_is_deterministic(finished):
     cells = sorted(finished.glob("cells/*/seed*/rows.jsonl"))
     assert len(cells) == 6
@@ -222,6 +224,7 @@ def test_verdicts_and_paired_differences():
     assert report.verdict([d, (0.05, 0.01)]) == "does not hold"
 
 
+@pytest.mark.long
 def test_report_has_the_conformal_table(finished):
     text = (finished / "report.md").read_text()
     block = text.split("## Conformal prediction sets (alpha = 0.1)", 1)[1]
@@ -232,6 +235,7 @@ def test_report_has_the_conformal_table(finished):
     assert all(0.0 <= r["conformal_aps_coverage"] <= 1.0 for r in rows)
 
 
+@pytest.mark.long
 def test_report_has_ood_and_bootstrap_tables(finished):
     text = (finished / "report.md").read_text()
     for heading in (

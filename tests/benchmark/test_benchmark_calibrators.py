@@ -24,6 +24,7 @@ def test_grid_lists_the_new_calibrators():
     assert grid.applicable(grid.CALIBRATORS, 2) == grid.CALIBRATORS
 
 
+@pytest.mark.long
 def test_cell_rows_skip_binary_only_calibrators_for_k_above_2():
     names = ("none", "histogram_binning", "isotonic", "platt", "beta")
     rows = evaluate.cell_rows(_logits(4), method="ce", seed=0, calibrators=names)
@@ -44,6 +45,7 @@ def test_cell_rows_skip_binary_only_calibrators_for_k_above_2():
     assert row["ece"] == pytest.approx(ece, rel=1e-5)
 
 
+@pytest.mark.long
 def test_cell_rows_run_platt_and_beta_for_k_2():
     rows = evaluate.cell_rows(
         _logits(2), method="ce", seed=0, calibrators=("platt", "beta")

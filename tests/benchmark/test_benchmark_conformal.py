@@ -15,6 +15,7 @@ def _logits(seed, n=400, k=6):
     return (3.0 * z).astype(np.float32), y
 
 
+@pytest.mark.long
 def test_rows_carry_conformal_coverage_and_size_of_each_calibrated_cell():
     logits = {"val": _logits(0), "test": _logits(1), "noise/1": _logits(2)}
     rows = []

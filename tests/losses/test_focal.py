@@ -314,6 +314,7 @@ def _plain_focal64(z, y, gamma, dual):
     return -jnp.exp(gamma * log_base) * log_p
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("dual", [False, True], ids=["focal", "dual_focal"])
 @pytest.mark.parametrize("gamma", [0.0, 0.5, 3.0])
 def test_focal_family_at_extreme_rows_matches_float64(gamma, dual):
@@ -340,6 +341,7 @@ def test_focal_family_at_extreme_rows_matches_float64(gamma, dual):
     np.testing.assert_allclose(g[wide], want[wide], rtol=1e-3, atol=1e-6)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "fn, kw",
     [

@@ -15,6 +15,7 @@ def _batch(b=16, k=4, seed=0):
     return logits, labels
 
 
+@pytest.mark.long
 def test_registry_names_and_kinds():
     expected = {
         "cross_entropy", "focal", "focal_adaptive", "inverse_focal", "dual_focal",

@@ -162,6 +162,7 @@ def test_au_pxtau_is_mean_of_weighted_cross_entropy():
     )
 
 
+@pytest.mark.long
 def test_au_pxtau_gradient_flows_through_weights_only_below_tau():
     """App. C.4, Eq. (27): weights above tau are constants, below they are not."""
     logits, labels = _batch(6, b=32)
@@ -302,6 +303,7 @@ def test_csf_edge_cases():
     np.testing.assert_allclose(softmax_margin(np.zeros((2, 1), np.float32)), 1.0)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("csf", CSFS)
 def test_csf_derivatives_in_forward_and_reverse_mode(csf):
     """The closed-form derivative rule serves jvp and vjp alike."""

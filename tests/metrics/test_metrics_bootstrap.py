@@ -25,6 +25,7 @@ def _replay(fn_ref, probs, labels, num_samples, key, n_rows=None):
     return np.asarray([fn_ref(probs[idx], labels[idx]) for idx in indices])
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "name, fn_ref",
     [("accuracy", ref.accuracy), ("brier", ref.brier), ("ece", ref.ece)],
@@ -48,6 +49,7 @@ def test_equals_numpy_bootstrap_on_the_same_resamples(name, fn_ref):
     np.testing.assert_allclose(float(res.estimate), fn_ref(probs, labels), rtol=1e-5)
 
 
+@pytest.mark.long
 def test_where_equals_slicing_and_jit_equals_eager():
     probs, labels = softmax_case(n=50, k=3, seed=52)
     pp, pl, w = padded(probs, labels, size=64)
@@ -64,6 +66,7 @@ def test_where_equals_slicing_and_jit_equals_eager():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
 
 
+@pytest.mark.long
 def test_several_metrics_share_the_resamples():
     probs, labels = softmax_case(n=40, k=3, seed=53)
     both = metrics.bootstrap(

@@ -97,6 +97,7 @@ def test_ties_resolved_by_expectation_and_row_order_free():
         assert float(fn(probs, labels)) == float(fn(probs[perm], labels[perm]))
 
 
+@pytest.mark.long
 def test_jit_where_and_sharding():
     probs, labels = softmax_case(n=200, k=10, seed=41)
     pp, pl, w = padded(probs, labels)

@@ -28,6 +28,7 @@ def _sorted_cut_bins(conf, valid, m):
     return out
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("m", [1, 2, 7, 15, 64])
 def test_rank_bins_equal_the_sorted_cut(seed, m):

@@ -143,6 +143,7 @@ SMALL = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_forward_features_head_batch_stats_dropout(name):
     model, shape = SMALL[name]

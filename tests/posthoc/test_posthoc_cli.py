@@ -77,6 +77,7 @@ def _expected_files(methods) -> list[str]:
     return sorted(names)
 
 
+@pytest.mark.long
 def test_workdir_outputs_numbers_round_trip_and_overwrite_rule(tmp_path, capsys):
     run = tmp_path / "run"
     data = _logits()

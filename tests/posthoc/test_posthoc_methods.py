@@ -101,6 +101,7 @@ def test_cts_lowers_nll_and_matches_per_class_optimality(data):
             assert ref.nll(z / t2[None, :], y) >= base - 1e-7
 
 
+@pytest.mark.long
 def test_vector_and_matrix_scaling_beat_ts_on_the_fit_set(data):
     z, y, _, _ = data
     ts = ref.nll(z, y, ref.ts_nll_optimum_scipy(z, y))
@@ -112,6 +113,7 @@ def test_vector_and_matrix_scaling_beat_ts_on_the_fit_set(data):
     assert nll_mat <= nll_vec + 1e-6
 
 
+@pytest.mark.long
 def test_dirichlet_odir_objective_and_fit_match_scipy():
     z, y = overconfident(600, 3, seed=5)
     lam, mu = 0.05, 0.02

@@ -69,6 +69,7 @@ def test_checked_scores_are_bit_equal_to_the_ones_maps_apply(n, k, scale):
         )
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["histogram_binning", "isotonic"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fused_value_check_names_the_first_bad_row(name, variant):
@@ -105,6 +106,7 @@ def _hb_predict(model, v):
     return ref.histogram_binning_predict(*model, v)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("binning", ["equal_mass", "equal_width"])
 def test_histogram_binning_matches_float64_reference(variant, binning):
@@ -144,6 +146,7 @@ def test_histogram_binning_equal_mass_bins_hold_equal_counts_without_ties():
         np.testing.assert_array_equal(np.bincount(bins, minlength=10), 150)
 
 
+@pytest.mark.long
 def test_histogram_binning_where_equals_slicing_and_jit_equals_eager():
     z, y = tied(1200, 4, seed=3, distinct=400)
     keep = np.arange(1200) % 3 != 0
@@ -197,6 +200,7 @@ def _sk_predict(model, v):
     return model.predict(v)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_isotonic_equals_sklearn_on_ten_thousand_points(variant):
     # 10^4 validation points with ties (4000 distinct rows); scikit-learn fits
@@ -240,6 +244,7 @@ def test_isotonic_binary_fit_is_monotone_and_pools_ties():
         np.testing.assert_array_equal(rows.setdefault(row, o), o)
 
 
+@pytest.mark.long
 def test_isotonic_where_equals_slicing_and_apply_jits():
     z, y = tied(1500, 4, seed=15, distinct=600)
     keep = np.arange(1500) % 4 != 1
@@ -273,6 +278,7 @@ def test_isotonic_fit_refuses_tracers():
         jax.jit(posthoc.fit_isotonic)(z, y)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["histogram_binning", "isotonic"])
 def test_registry_fit_names_variants_and_rejects_bad_options(name):
     z, y = overconfident(400, 3, seed=18)

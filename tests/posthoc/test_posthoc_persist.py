@@ -48,6 +48,7 @@ def _leaves_identical(a, b):
             assert x == y
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "name, options", CASES, ids=[f"{n}{o or ''}" for n, o in CASES]
 )
@@ -205,6 +206,7 @@ def _suspicious(record):
     return [w for w in record if issubclass(w.category, posthoc.SuspiciousFitWarning)]
 
 
+@pytest.mark.long
 def test_misaligned_labels_warn_once_in_one_line():
     z, y = overconfident(2000, 10, seed=0, scale=5.0)
     # Misaligned labels: no label matches its row's prediction (accuracy 0;
@@ -244,6 +246,7 @@ def test_probabilities_passed_as_logits_warn():
     assert t < posthoc.TEMPERATURE_RANGE[0]
 
 
+@pytest.mark.long
 def test_sane_fits_do_not_warn():
     z, y = overconfident(2000, 10, seed=2)
     zb, yb = overconfident(500, 2, seed=3)

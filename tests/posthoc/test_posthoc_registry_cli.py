@@ -99,6 +99,7 @@ def _snapshot(root: Path) -> dict:
     return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.long
 def test_cli_end_to_end_table_json_and_overwrite_rule(files, capsys):
     out = files / "results"
     proc = _cli(

@@ -28,6 +28,7 @@ def test_nll_matches_dense_search_and_scipy(small):
     assert abs(t - 3.0) < 0.15
 
 
+@pytest.mark.long
 def test_nll_at_50k_by_1000_is_a_local_optimum_within_1e3():
     z, y = overconfident(50_000, 1000, seed=1)
     t = float(jax.jit(posthoc.fit_temperature)(z, y))
@@ -171,6 +172,7 @@ def test_sb_ece_objective_equals_loss_on_scaled_logits(small, kind, p, sb_temper
             np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.long
 def test_sb_ece_where_equals_slicing_and_vmap(small):
     z, y = small
     keep = np.arange(len(y)) % 3 != 0

@@ -25,6 +25,7 @@ def _float_leaves(tree):
     return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
 
 
+@pytest.mark.long
 def test_bfloat16_computes_in_bf16_and_keeps_float32_state(tmp_path):
     run = setup.build(_config("bfloat16", num_steps=3), tmp_path / "w")
     state = run.init_state()

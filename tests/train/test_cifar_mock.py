@@ -29,6 +29,7 @@ def _small(config, data_dir):
     return config
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "module, classes", [(cifar10_resnet110, 10), (cifar100_preresnet56, 100)]
 )
@@ -57,6 +58,7 @@ def test_cifar_runs_a_few_steps_with_augmentation_and_jax_shifts(
         assert f["logits"].shape == (40, classes)
 
 
+@pytest.mark.long
 def test_cifar10_with_published_cifar10_c_shifts(tmp_path):
     data_dir = tmp_path / "data"
     for name in ("gaussian_noise_3", "contrast_5"):

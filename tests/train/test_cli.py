@@ -26,6 +26,7 @@ def _final_logits(workdir):
         return f["logits"], f["labels"]
 
 
+@pytest.mark.long
 def test_digits_run_reaches_95_percent_and_logs_shifted_ece(tmp_path):
     result = _cli.run(
         "digits_ce.py",
@@ -56,6 +57,7 @@ def test_digits_run_reaches_95_percent_and_logs_shifted_ece(tmp_path):
     assert (tmp_path / "logits" / "shift_gaussian_noise_3.npz").exists()
 
 
+@pytest.mark.long
 def test_sigkill_then_rerun_resumes_and_matches_an_uninterrupted_run(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert _cli.run("digits_ce.py", straight, *QUICK).returncode == 0
@@ -124,6 +126,7 @@ def test_config_typo_is_rejected(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.long
 def test_workdir_of_another_config_is_refused_and_kept(tmp_path):
     assert _cli.run("digits_ce.py", tmp_path, *QUICK).returncode == 0
     before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())

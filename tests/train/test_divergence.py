@@ -40,6 +40,7 @@ def _config(**overrides):
     return c
 
 
+@pytest.mark.long
 def test_nan_loss_stops_the_run_and_keeps_the_finite_checkpoints(tmp_path):
     config = _config()
     with pytest.raises(
@@ -73,6 +74,7 @@ def test_non_finite_parameters_are_never_checkpointed(tmp_path):
     assert not any((tmp_path / "checkpoints").iterdir())
 
 
+@pytest.mark.long
 def test_debug_nans_names_the_operation(tmp_path):
     config = _config(debug_nans=True, num_steps=10)
     config.optimizer.learning_rate = 1e6  # NaN within the first steps
@@ -83,6 +85,7 @@ def test_debug_nans_names_the_operation(tmp_path):
         loop.train_and_evaluate(config, tmp_path, progress=False)
 
 
+@pytest.mark.long
 def test_cli_divergence_is_one_line_and_exit_status_3(tmp_path):
     result = _cli.run("digits_ce.py", tmp_path, *JUMP)
     assert result.returncode == 3, result.stderr[-2000:]

@@ -63,6 +63,7 @@ def _digits(prefetch, shifts="contrast"):
     return c
 
 
+@pytest.mark.long
 def test_digits_with_prefetch_equals_without_and_logs_the_input_wait(tmp_path):
     assert len(jax.devices()) == 8
     loop.train_and_evaluate(_digits(0), tmp_path / "sync", progress=False)
@@ -75,6 +76,7 @@ def test_digits_with_prefetch_equals_without_and_logs_the_input_wait(tmp_path):
             assert 0.0 <= r["train/input_wait_fraction"] <= 1.0
 
 
+@pytest.mark.long
 def test_resuming_with_another_prefetch_depth_gives_the_same_run(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     loop.train_and_evaluate(_digits(0, shifts="none"), straight, progress=False)
@@ -115,6 +117,7 @@ def test_cifar_with_prefetch_equals_without(tmp_path):
         _assert_same_run(tmp_path / "sync", tmp_path / "ahead", config)
 
 
+@pytest.mark.long
 def test_cifar_uint8_batches_train_exactly_like_host_float_batches(tmp_path):
     config = _cifar(tmp_path / "data", 0)
     with _mock():

@@ -80,6 +80,7 @@ def _rows(workdir) -> list[dict]:
     return [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.long
 def test_two_processes_train_like_one_process_with_the_same_devices(tmp_path):
     multi, single = tmp_path / "multi", tmp_path / "single"
     address = f"127.0.0.1:{_free_port()}"

@@ -10,6 +10,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 import _cli
 from calib_jax.train import loop, setup as setup_lib
@@ -24,6 +25,7 @@ QUICK = (
 )
 
 
+@pytest.mark.long
 def test_sigterm_checkpoints_exits_zero_and_resumes_to_the_same_result(tmp_path):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     assert _cli.run("digits_ce.py", straight, *QUICK).returncode == 0
@@ -60,6 +62,7 @@ def test_sigterm_checkpoints_exits_zero_and_resumes_to_the_same_result(tmp_path)
         np.testing.assert_array_equal(a["logits"], b["logits"])
 
 
+@pytest.mark.long
 def test_unreadable_latest_checkpoint_is_skipped_with_a_warning(tmp_path, caplog):
     config = digits_ce.get_config()
     config.num_steps, config.checkpoint_every = 30, 10

@@ -19,6 +19,7 @@ def test_weight_grad_switch_reaches_the_loss_term():
         digits_selective.get_config("loss=aurc,weight_grad=false")
 
 
+@pytest.mark.long
 def test_au_pxtau_with_constant_weights_trains_digits(tmp_path):
     """Without Eq. (27)'s weight-gradient term AU_Pxtau trains like cross-entropy."""
     c = digits_selective.get_config("loss=au_pxtau,weight_grad=false")

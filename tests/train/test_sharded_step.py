@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import pytest
 import tensorflow_datasets as tfds
 
 from calib_jax import data, losses
@@ -59,6 +60,7 @@ def _per_example(found):
     ]
 
 
+@pytest.mark.long
 def test_setup_build_runs_the_builders_step_on_the_batches_it_compiles_for(
     monkeypatch, tmp_path
 ):
@@ -106,6 +108,7 @@ def test_setup_build_runs_the_builders_step_on_the_batches_it_compiles_for(
         assert real.sharding.is_equivalent_to(spec.sharding, real.ndim), key
 
 
+@pytest.mark.long
 def test_summed_batch_level_losses_never_gather_the_batch():
     terms = [{"name": "cross_entropy"}] + [{"name": n} for n in SUMMED]
     found, params = _collectives(terms)

@@ -114,6 +114,7 @@ def test_ood_set_of_another_image_shape_is_refused(tmp_path):
     assert eval_lib.resolve_ood(config, digits) is None
 
 
+@pytest.mark.long
 def test_score_is_a_function_of_the_logits_with_the_mean_in_set_order():
     rng = np.random.default_rng(0)
 

@@ -51,6 +51,7 @@ def _run(devices, terms, per_device=False, steps=5):
     return state, np.array(history)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(TERMS))
 def test_eight_devices_equal_one_device_after_five_steps(name):
     assert jax.device_count() == 8
@@ -63,6 +64,7 @@ def test_eight_devices_equal_one_device_after_five_steps(name):
     assert abs(h8[-1] - h8[0]) > 1e-3
 
 
+@pytest.mark.long
 def test_per_device_statistics_differ_from_global_and_match_shard_means():
     terms = [dict(name="sb_ece", weight=1.0)]
     _, glob = _run(jax.devices(), terms, steps=1)

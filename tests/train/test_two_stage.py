@@ -26,6 +26,7 @@ def stage_one(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.long
 def test_stage_two_moves_only_the_head_and_q_follows_eq12(stage_one, tmp_path):
     config = digits_two_stage.get_config(f"stage1={stage_one},epochs=3")
     config.shifts.corruptions = "none"

@@ -5,6 +5,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from calib_jax.train import two_stage
 
@@ -57,6 +58,7 @@ def test_q_is_clamped_to_unit_interval():
     assert float(q) == 0.0
 
 
+@pytest.mark.long
 def test_masks_cover_kernels_only_with_rate_q():
     head = two_stage.BottleneckHead(width=64, num_classes=10)
     params = head.init(jax.random.key(0), jnp.zeros((1, 128)))["params"]

@@ -23,7 +23,7 @@ from calib_jax import data as data_lib
 from calib_jax import storage
 from calib_jax.data import cache as cache_lib
 from calib_jax.data import corruptions
-from calib_jax.evaluate._progress import Progress
+from calib_jax.progress import Progress
 from calib_jax.train import checkpoint, sharded_step, two_stage
 from calib_jax.train import evaluate as eval_lib
 from calib_jax.train import mesh as mesh_lib

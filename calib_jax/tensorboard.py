@@ -1,0 +1,181 @@
+"""TensorBoard event files beside ``metrics.jsonl``, written without TensorFlow.
+
+``--config.log.tensorboard=True`` makes the trainer, ``python -m
+calib_jax.evaluate`` and the benchmark also write their scalars (training
+losses per logged step, every evaluation metric, per-shift metrics included)
+and reliability diagrams (as images) to event files that TensorBoard reads:
+``tensorboard --logdir <workdir>``. The files are written with ``tensorboardX``,
+which produces the same records as TensorFlow's writer without importing it.
+
+Only process 0 writes. The directory is checked for writing before any
+compute (:func:`check_writable`), so a bad directory fails in one line
+instead of after hours of training.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from typing import Self
+
+import jax
+import numpy as np
+from etils import epath
+from ml_collections import ConfigDict
+
+from calib_jax import storage
+
+DIRNAME = "tensorboard"
+
+
+def enabled(config: ConfigDict) -> bool:
+    """Whether ``config.log.tensorboard`` asks for event files (False if absent)."""
+    log = config.get("log")
+    return bool(log is not None and log.get("tensorboard", False))
+
+
+def log_dir(config: ConfigDict, workdir: epath.PathLike) -> epath.Path:
+    """``config.log.tensorboard_dir``, or ``<workdir>/tensorboard`` when empty."""
+    log = config.get("log")
+    custom = log.get("tensorboard_dir", "") if log is not None else ""
+    what = "config.log.tensorboard_dir"
+    return (
+        storage.as_path(custom, what=what) if custom else epath.Path(workdir) / DIRNAME
+    )
+
+
+def check_writable(directory: epath.PathLike) -> None:
+    """Creates ``directory`` and writes (then removes) a probe file in it.
+
+    Raises:
+      ValueError: the directory cannot be created or written (one line).
+    """
+    directory = storage.as_path(directory, what="TensorBoard log directory")
+    if jax.process_index() != 0:
+        return
+    probe = directory / f".write_check_{uuid.uuid4().hex}"
+    try:
+        storage.make_dirs(directory)
+        storage.write_bytes(probe, b"")
+        probe.unlink()
+    except (OSError, ValueError) as e:
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise ValueError(
+            f"TensorBoard log directory {directory} is not writable "
+            f"(--config.log.tensorboard=True): {type(e).__name__}: {reason}"
+        ) from None
+
+
+def figure_image(fig) -> np.ndarray:
+    """The RGB pixels ``uint8 [H, W, 3]`` of a matplotlib figure (Agg canvas)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else None
+    canvas = canvas or FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+class Writer:
+    """Scalars and images to one TensorBoard run directory (process 0 only).
+
+    The event file is opened at the first write, so a writer that never
+    writes leaves no file. Use as a context manager or call :meth:`close`.
+
+    Args:
+      directory: the run's log directory (local or ``gs://``).
+    """
+
+    def __init__(self, directory: epath.PathLike):
+        self.directory = storage.as_path(directory, what="TensorBoard log directory")
+        self._writer = None
+
+    def _open(self):
+        if self._writer is None:
+            from tensorboardX import SummaryWriter  # no TensorFlow import
+
+            self._writer = SummaryWriter(os.fspath(self.directory), flush_secs=30)
+        return self._writer
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        """Writes each ``values[tag]`` as a scalar at ``step`` (tags as in the JSONL)."""
+        if jax.process_index() != 0 or not values:
+            return
+        writer = self._open()
+        for tag, value in values.items():
+            writer.add_scalar(tag, float(value), int(step))
+
+    def image(self, tag: str, step: int, fig) -> None:
+        """Writes a matplotlib figure as an image at ``step``."""
+        if jax.process_index() != 0:
+            return
+        self._open().add_image(tag, figure_image(fig), int(step), dataformats="HWC")
+
+    def reliability(self, tag: str, step: int, logits, labels, **kwargs) -> None:
+        """Writes the reliability diagram of ``logits`` as an image at ``step``.
+
+        ``kwargs`` go to :func:`calib_jax.plots.reliability_diagram`.
+        """
+        if jax.process_index() != 0:
+            return
+        from calib_jax import plots  # matplotlib, imported only here
+
+        probs = jax.nn.softmax(np.asarray(logits, np.float32), axis=-1)
+        fig = plots.reliability_diagram(probs, np.asarray(labels), **kwargs)
+        self.image(tag, step, fig)
+
+    def flush(self) -> None:
+        """Writes buffered events to the file."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the event file."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class NoWriter:
+    """The :class:`Writer` interface that writes nothing (TensorBoard off)."""
+
+    def scalars(self, step, values) -> None:
+        """Does nothing."""
+
+    def image(self, tag, step, fig) -> None:
+        """Does nothing."""
+
+    def reliability(self, tag, step, logits, labels, **kwargs) -> None:
+        """Does nothing."""
+
+    def flush(self) -> None:
+        """Does nothing."""
+
+    def close(self) -> None:
+        """Does nothing."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def from_config(config: ConfigDict, workdir: epath.PathLike) -> Writer | NoWriter:
+    """A checked :class:`Writer` when ``config.log.tensorboard``, else a no-op.
+
+    Raises:
+      ValueError: the log directory is not writable (one line).
+    """
+    if not enabled(config):
+        return NoWriter()
+    directory = log_dir(config, workdir)
+    check_writable(directory)
+    return Writer(directory)

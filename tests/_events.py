@@ -1,0 +1,60 @@
+"""Reads TensorBoard event files back: TFRecord framing plus tensorboardX's protos.
+
+Independent of calib_jax's writer: every record's length and payload CRC-32C
+(masked, as TFRecord specifies) are checked, so a truncated or corrupt file
+fails the test instead of losing values silently.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import struct
+
+import numpy as np
+from tensorboardX.crc32c import crc32c
+from tensorboardX.proto import event_pb2
+
+
+def _masked(data: bytes) -> int:
+    x = crc32c(data) & 0xFFFFFFFF
+    return (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def read_records(path: str) -> list[bytes]:
+    """The payloads of a TFRecord file, each CRC-checked."""
+    with open(path, "rb") as f:
+        data = f.read()
+    out, i = [], 0
+    while i < len(data):
+        header = data[i : i + 8]
+        (length,) = struct.unpack("<Q", header)
+        (hcrc,) = struct.unpack("<I", data[i + 8 : i + 12])
+        assert hcrc == _masked(header), f"bad length CRC at byte {i} of {path}"
+        payload = data[i + 12 : i + 12 + length]
+        (pcrc,) = struct.unpack("<I", data[i + 12 + length : i + 16 + length])
+        assert len(payload) == length and pcrc == _masked(payload), path
+        out.append(payload)
+        i += 16 + length
+    return out
+
+
+def event_files(logdir: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))
+
+
+def read_events(logdir: str):
+    """``(scalars, images)``: ``{(tag, step): float32}`` and ``{(tag, step): (h, w, png)}``."""
+    scalars, images = {}, {}
+    for path in event_files(logdir):
+        for record in read_records(path):
+            event = event_pb2.Event.FromString(record)
+            for v in event.summary.value:
+                key = (v.tag, int(event.step))
+                if v.HasField("simple_value"):
+                    assert key not in scalars, f"{key} written twice"
+                    scalars[key] = np.float32(v.simple_value)
+                elif v.HasField("image"):
+                    img = v.image
+                    images[key] = (img.height, img.width, img.encoded_image_string)
+    return scalars, images

@@ -1,0 +1,140 @@
+"""TensorBoard event files of a training run equal its metrics.jsonl."""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import io
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from _events import event_files, read_events
+from PIL import Image
+
+from calib_jax import tensorboard
+from calib_jax.train.loop import load_jsonl, train_and_evaluate
+from configs import digits_ce
+
+
+def _config(**log):
+    c = digits_ce.get_config()
+    c.unlock()
+    c.num_steps, c.log_every, c.eval_every = 12, 4, 8
+    c.checkpoint_every = 12
+    c.shifts.corruptions, c.shifts.severities = "contrast", (2, 5)
+    c.log.update(log)
+    c.lock()
+    return c
+
+
+class _PoisonedTensorFlow(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Makes ``tensorflow`` findable, and records (and fails) any import of it.
+
+    TensorFlow is not installed here, so ``'tensorflow' not in sys.modules``
+    alone could not fail; with this finder, a writer that imports TensorFlow
+    whenever it is available is caught.
+    """
+
+    def __init__(self):
+        self.imported = []
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "tensorflow":
+            return importlib.util.spec_from_loader(name, self)
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        self.imported.append(module.__name__)
+        raise ImportError("tensorflow is poisoned in this test")
+
+
+def test_event_scalars_equal_the_jsonl_and_the_diagram_is_an_image(
+    tmp_path, monkeypatch
+):
+    workdir = tmp_path / "run"
+    poison = _PoisonedTensorFlow()
+    monkeypatch.setattr(sys, "meta_path", [poison, *sys.meta_path])
+    summary = train_and_evaluate(_config(tensorboard=True), workdir, progress=False)
+    # tensorboardX wrote the events without TensorFlow, though it was findable.
+    assert "tensorflow" not in sys.modules and poison.imported == []
+    rows = load_jsonl(workdir / "metrics.jsonl")
+    scalars, images = read_events(str(workdir / "tensorboard"))
+    # Every JSONL value is in the event file at its step, equal in float32.
+    expected = {}
+    for row in rows:
+        for key, value in row.items():
+            if key not in ("step", "time"):
+                expected[(key, row["step"])] = np.float32(value)
+    assert scalars == expected
+    steps = sorted({s for (k, s) in scalars if k == "loss/total"})
+    assert steps == [4, 8, 12]
+    for key in ("test/ece", "shift/contrast/5/ece", "shift/mean/ece"):
+        assert scalars[(key, 12)] == np.float32(summary[key])
+    assert ("test/ece", 8) in scalars  # the evaluation at eval_every
+    # The final reliability diagram: a PNG of the size the event states.
+    (key,) = images
+    assert key == ("test/reliability", 12)
+    h, w, png = images[key]
+    pixels = np.asarray(Image.open(io.BytesIO(png)))
+    assert pixels.shape[:2] == (h, w) and h > 100 and w > 100
+    assert pixels.std() > 10  # a drawn figure, not a blank canvas
+
+
+def test_off_by_default_writes_no_event_file(tmp_path):
+    c = _config()
+    c.unlock()
+    c.num_steps, c.eval_every = 4, 0
+    c.shifts.corruptions = "none"
+    c.lock()
+    train_and_evaluate(c, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_unwritable_log_dir_fails_in_one_line_before_training(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    bad = tmp_path / "a_file" / "tb"
+    c = _config(tensorboard=True, tensorboard_dir=str(bad))
+    with pytest.raises(ValueError) as err:
+        train_and_evaluate(c, tmp_path / "run", progress=False)
+    text = str(err.value)
+    assert "\n" not in text
+    assert f"TensorBoard log directory {bad} is not writable" in text
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_writer_is_lazy_and_the_check_leaves_no_probe(tmp_path):
+    tensorboard.check_writable(tmp_path / "tb")
+    assert list((tmp_path / "tb").iterdir()) == []
+    with tensorboard.Writer(tmp_path / "tb"):
+        pass
+    assert event_files(str(tmp_path / "tb")) == []
+
+
+def test_cli_unwritable_log_dir_is_one_line(tmp_path):
+    from _cli import command, env
+
+    (tmp_path / "f").write_text("")
+    proc = subprocess.run(
+        command(
+            "digits_ce.py",
+            tmp_path / "run",
+            "--config.log.tensorboard=True",
+            f"--config.log.tensorboard_dir={tmp_path / 'f' / 'tb'}",
+        ),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith("error: TensorBoard log directory "), proc.stderr
+    assert "is not writable" in lines[-1] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -35,18 +35,24 @@ def enabled(config: ConfigDict) -> bool:
     return bool(log is not None and log.get("tensorboard", False))
 
 
-def log_dir(config: ConfigDict, workdir: epath.PathLike) -> epath.Path:
-    """``config.log.tensorboard_dir``, or ``<workdir>/tensorboard`` when empty."""
+def log_dir(
+    config: ConfigDict, workdir: epath.PathLike, *, subdir: str = ""
+) -> epath.Path:
+    """``<workdir>/tensorboard``, or ``config.log.tensorboard_dir/<subdir>`` if set."""
     log = config.get("log")
     custom = log.get("tensorboard_dir", "") if log is not None else ""
-    what = "config.log.tensorboard_dir"
-    return (
-        storage.as_path(custom, what=what) if custom else epath.Path(workdir) / DIRNAME
-    )
+    if not custom:
+        return epath.Path(workdir) / DIRNAME
+    path = storage.as_path(custom, what="config.log.tensorboard_dir")
+    return path / subdir if subdir else path
 
 
 def check_writable(directory: epath.PathLike) -> None:
-    """Creates ``directory`` and writes (then removes) a probe file in it.
+    """Checks that ``directory`` can be created and written, leaving no trace.
+
+    Creates it (and its parents), writes and removes a probe file, and removes
+    the directory again if it did not exist (a local one; in an object store
+    a directory is only a name prefix).
 
     Raises:
       ValueError: the directory cannot be created or written (one line).
@@ -56,9 +62,12 @@ def check_writable(directory: epath.PathLike) -> None:
         return
     probe = directory / f".write_check_{uuid.uuid4().hex}"
     try:
+        existed = directory.exists()
         storage.make_dirs(directory)
         storage.write_bytes(probe, b"")
         probe.unlink()
+        if not existed and not storage.is_remote(directory):
+            directory.rmdir()  # no trace; the writer creates it again
     except (OSError, ValueError) as e:
         reason = " ".join(str(e).split()) or type(e).__name__
         raise ValueError(
@@ -168,14 +177,19 @@ class NoWriter:
         pass
 
 
-def from_config(config: ConfigDict, workdir: epath.PathLike) -> Writer | NoWriter:
+def from_config(
+    config: ConfigDict, workdir: epath.PathLike, *, subdir: str = ""
+) -> Writer | NoWriter:
     """A checked :class:`Writer` when ``config.log.tensorboard``, else a no-op.
+
+    The directory is :func:`log_dir`'s (``subdir`` of a custom directory
+    keeps, e.g., an evaluation apart from its training run).
 
     Raises:
       ValueError: the log directory is not writable (one line).
     """
     if not enabled(config):
         return NoWriter()
-    directory = log_dir(config, workdir)
+    directory = log_dir(config, workdir, subdir=subdir)
     check_writable(directory)
     return Writer(directory)

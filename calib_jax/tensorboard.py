@@ -15,6 +15,7 @@ instead of after hours of training.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Self
@@ -27,6 +28,13 @@ from ml_collections import ConfigDict
 from calib_jax import storage
 
 DIRNAME = "tensorboard"
+
+
+def tag(name: str) -> str:
+    """The TensorBoard tag of a metric name: characters other than letters,
+    digits, ``_ - . /`` become ``_`` (``ts:nll/test/ece`` -> ``ts_nll/test/ece``),
+    as TensorBoard's tag rules ask."""
+    return re.sub(r"[^-/\w.]", "_", name)
 
 
 def enabled(config: ConfigDict) -> bool:
@@ -108,18 +116,25 @@ class Writer:
         return self._writer
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
-        """Writes each ``values[tag]`` as a scalar at ``step`` (tags as in the JSONL)."""
+        """Writes each ``values[name]`` as a scalar at ``step``.
+
+        The tags are the names (the JSONL keys) through :func:`tag`.
+        """
         if jax.process_index() != 0 or not values:
             return
         writer = self._open()
-        for tag, value in values.items():
-            writer.add_scalar(tag, float(value), int(step))
+        for name, value in values.items():
+            writer.add_scalar(tag(name), float(value), int(step))
 
     def image(self, tag: str, step: int, fig) -> None:
         """Writes a matplotlib figure as an image at ``step``."""
+        self.add_image(tag, step, figure_image(fig))
+
+    def add_image(self, tag: str, step: int, pixels: np.ndarray) -> None:
+        """Writes RGB pixels ``uint8 [H, W, 3]`` as an image at ``step``."""
         if jax.process_index() != 0:
             return
-        self._open().add_image(tag, figure_image(fig), int(step), dataformats="HWC")
+        self._open().add_image(tag, np.asarray(pixels), int(step), dataformats="HWC")
 
     def reliability(self, tag: str, step: int, logits, labels, **kwargs) -> None:
         """Writes the reliability diagram of ``logits`` as an image at ``step``.
@@ -159,6 +174,9 @@ class NoWriter:
         """Does nothing."""
 
     def image(self, tag, step, fig) -> None:
+        """Does nothing."""
+
+    def add_image(self, tag, step, pixels) -> None:
         """Does nothing."""
 
     def reliability(self, tag, step, logits, labels, **kwargs) -> None:

@@ -211,6 +211,10 @@ def benchmark_base() -> ml_collections.ConfigDict:
     # write TensorBoard event files (under each run's and the workdir's
     # tensorboard/).
     c.log = ml_collections.ConfigDict({"tensorboard": False})
+    # Figures of report.md: `methods` are drawn in ece_vs_severity.png beside
+    # the baseline and the best (every method: ece_vs_severity_all.png);
+    # reliability bins with fewer than `min_count` samples are greyed out.
+    c.report = ml_collections.ConfigDict({"methods": (), "min_count": 10})
     c.methods = ("ce",)
     c.calibrators = ("none", "ts:nll")
     c.seeds = (0, 1, 2)

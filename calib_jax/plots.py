@@ -276,6 +276,7 @@ def ece_vs_severity(
     for method, by_severity in results.items():
         severities, mean, spread = _curve(method, by_severity, error)
         ax.errorbar(severities, mean, yerr=spread, marker="o", capsize=3, label=method)
+    ax.set_xticks(sorted({s for curve in results.values() for s in curve}))
     ax.set_xlabel("shift severity (0 = clean)")
     spread = f" (mean ± {error} over seeds)" if error is not None else ""
     ax.set_ylabel(f"{metric_name}{spread}")
@@ -369,6 +370,7 @@ def ece_vs_severity_grid(
         ax.tick_params(labelsize="x-small")
     for ax in axes[n:]:
         ax.set_visible(False)
+    axes[0].set_xticks(sorted({s for curve in results.values() for s in curve}))
     for ax in axes[::cols]:
         ax.set_ylabel(metric_name, fontsize="x-small")
     for ax in axes[(rows - 1) * cols : n]:

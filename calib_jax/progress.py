@@ -63,7 +63,7 @@ def bar(
     enabled: bool = True,
     level: int = 0,
     stream: TextIO | None = None,
-    interval: float = LOG_INTERVAL,
+    interval: float | None = None,
     delay: float = 0.0,
 ):
     """A ``tqdm`` bar with rate and ETA: redrawn on a terminal, lines elsewhere.
@@ -78,7 +78,8 @@ def bar(
       level: 0 for an outermost bar; 1 for a bar of inner work, drawn under
         its outer bar on a terminal and removed when it closes.
       stream: where to write (default ``sys.stderr``).
-      interval: seconds between lines outside a terminal.
+      interval: seconds between lines outside a terminal (default
+        :data:`LOG_INTERVAL`).
       delay: show nothing until the work has taken this many seconds.
 
     Returns:
@@ -88,6 +89,7 @@ def bar(
     from tqdm import tqdm
 
     stream = stream if stream is not None else sys.stderr
+    interval = LOG_INTERVAL if interval is None else interval
     common = {
         "total": total,
         "desc": desc,
@@ -110,7 +112,6 @@ def bar(
         ascii=True,
         ncols=100,
         mininterval=interval,
-        maxinterval=max(interval, 10.0 * interval),
         miniters=1,
     )
 

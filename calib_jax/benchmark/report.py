@@ -509,8 +509,7 @@ def _plots(config: ConfigDict, workdir: epath.Path, rows) -> list[str]:
             {m: curves[m] for m in chosen},
             metric_name=metric,
             error="sem",
-            title="ECE vs shift severity (mean over corruption types): "
-            "baseline, best clean ECE and named methods",
+            title=f"ECE vs shift severity: baseline ({baseline}), best, named",
             path=workdir / "ece_vs_severity.png",
         )
         lines.append("![ECE vs severity, chosen methods](ece_vs_severity.png)")

@@ -85,16 +85,6 @@ def test_event_scalars_equal_the_jsonl_and_the_diagram_is_an_image(
     assert pixels.std() > 10  # a drawn figure, not a blank canvas
 
 
-def test_off_by_default_writes_no_event_file(tmp_path):
-    c = _config()
-    c.unlock()
-    c.num_steps, c.eval_every = 4, 0
-    c.shifts.corruptions = "none"
-    c.lock()
-    train_and_evaluate(c, tmp_path / "run", progress=False)
-    assert not (tmp_path / "run" / "tensorboard").exists()
-
-
 def test_unwritable_log_dir_fails_in_one_line_before_training(tmp_path):
     (tmp_path / "a_file").write_text("")
     bad = tmp_path / "a_file" / "tb"
@@ -109,8 +99,11 @@ def test_unwritable_log_dir_fails_in_one_line_before_training(tmp_path):
 
 
 def test_writer_is_lazy_and_the_check_leaves_no_probe(tmp_path):
+    tensorboard.check_writable(tmp_path / "new" / "tb")
+    assert not (tmp_path / "new" / "tb").exists()  # created, probed, removed
+    (tmp_path / "tb").mkdir()
     tensorboard.check_writable(tmp_path / "tb")
-    assert list((tmp_path / "tb").iterdir()) == []
+    assert list((tmp_path / "tb").iterdir()) == []  # kept, probe removed
     with tensorboard.Writer(tmp_path / "tb"):
         pass
     assert event_files(str(tmp_path / "tb")) == []

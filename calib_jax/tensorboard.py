@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Self
@@ -99,21 +101,46 @@ class Writer:
 
     The event file is opened at the first write, so a writer that never
     writes leaves no file. Use as a context manager or call :meth:`close`.
+    In an object store (``gs://``) the events are written to a local
+    temporary file and uploaded whole through :mod:`calib_jax.storage` at
+    most every ``upload_secs`` seconds of writing and at :meth:`flush` and
+    :meth:`close`, as ``metrics.jsonl`` is.
 
     Args:
       directory: the run's log directory (local or ``gs://``).
+      upload_secs: seconds between uploads to an object store.
     """
 
-    def __init__(self, directory: epath.PathLike):
+    def __init__(self, directory: epath.PathLike, *, upload_secs: float = 60.0):
         self.directory = storage.as_path(directory, what="TensorBoard log directory")
+        self.upload_secs = upload_secs
         self._writer = None
+        self._local = None  # the temporary directory of a remote log dir
+        self._uploaded = 0.0
 
     def _open(self):
         if self._writer is None:
             from tensorboardX import SummaryWriter  # no TensorFlow import
 
-            self._writer = SummaryWriter(os.fspath(self.directory), flush_secs=30)
+            target = self.directory
+            if storage.is_remote(self.directory):
+                self._local = tempfile.TemporaryDirectory(prefix="calib_jax_tb_")
+                target = self._local.name
+                self._uploaded = time.monotonic()
+            self._writer = SummaryWriter(os.fspath(target), flush_secs=30)
         return self._writer
+
+    def _copy_up(self) -> None:
+        """Copies the local event files of a remote log dir to it (whole)."""
+        for path in sorted(epath.Path(self._local.name).iterdir()):
+            storage.write_bytes(self.directory / path.name, path.read_bytes())
+        self._uploaded = time.monotonic()
+
+    def _wrote(self) -> None:
+        due = time.monotonic() - self._uploaded >= self.upload_secs
+        if self._local is not None and due:
+            self._writer.flush()
+            self._copy_up()
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         """Writes each ``values[name]`` as a scalar at ``step``.
@@ -125,6 +152,7 @@ class Writer:
         writer = self._open()
         for name, value in values.items():
             writer.add_scalar(tag(name), float(value), int(step))
+        self._wrote()
 
     def image(self, tag: str, step: int, fig) -> None:
         """Writes a matplotlib figure as an image at ``step``."""
@@ -135,6 +163,7 @@ class Writer:
         if jax.process_index() != 0:
             return
         self._open().add_image(tag, np.asarray(pixels), int(step), dataformats="HWC")
+        self._wrote()
 
     def reliability(self, tag: str, step: int, logits, labels, **kwargs) -> None:
         """Writes the reliability diagram of ``logits`` as an image at ``step``.
@@ -150,15 +179,21 @@ class Writer:
         self.image(tag, step, fig)
 
     def flush(self) -> None:
-        """Writes buffered events to the file."""
+        """Writes buffered events to the file (and uploads a remote one)."""
         if self._writer is not None:
             self._writer.flush()
+            if self._local is not None:
+                self._copy_up()
 
     def close(self) -> None:
-        """Flushes and closes the event file."""
+        """Flushes and closes the event file (and uploads a remote one)."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            if self._local is not None:
+                self._copy_up()
+                self._local.cleanup()
+                self._local = None
 
     def __enter__(self) -> Self:
         return self

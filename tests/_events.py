@@ -24,7 +24,11 @@ def _masked(data: bytes) -> int:
 def read_records(path: str) -> list[bytes]:
     """The payloads of a TFRecord file, each CRC-checked."""
     with open(path, "rb") as f:
-        data = f.read()
+        return parse_records(f.read(), path)
+
+
+def parse_records(data: bytes, path: str = "<bytes>") -> list[bytes]:
+    """The payloads of TFRecord-framed ``data``, each CRC-checked."""
     out, i = [], 0
     while i < len(data):
         header = data[i : i + 8]
@@ -45,9 +49,14 @@ def event_files(logdir: str) -> list[str]:
 
 def read_events(logdir: str):
     """``(scalars, images)``: ``{(tag, step): float32}`` and ``{(tag, step): (h, w, png)}``."""
+    return events_of([read_records(p) for p in event_files(logdir)])
+
+
+def events_of(files: list[list[bytes]]):
+    """:func:`read_events` of the records of event files."""
     scalars, images = {}, {}
-    for path in event_files(logdir):
-        for record in read_records(path):
+    for records in files:
+        for record in records:
             event = event_pb2.Event.FromString(record)
             for v in event.summary.value:
                 key = (v.tag, int(event.step))

@@ -131,3 +131,33 @@ def test_cli_unwritable_log_dir_is_one_line(tmp_path):
     assert lines[-1].startswith("error: TensorBoard log directory "), proc.stderr
     assert "is not writable" in lines[-1] and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_events_in_a_bucket_are_uploaded_whole(gcs_emulator, gcs_bucket):
+    from _events import events_of, parse_records
+
+    bucket = gcs_bucket[len("gs://") :]
+    tensorboard.check_writable(f"{gcs_bucket}/run/tb")
+    assert gcs_emulator.objects(bucket, "run/") == []  # the probe is removed
+    writer = tensorboard.Writer(f"{gcs_bucket}/run/tb", upload_secs=0.0)
+    writer.scalars(1, {"loss/total": 0.5, "test/ece": 0.125})
+    (name,) = gcs_emulator.objects(bucket, "run/tb/")  # uploaded while writing
+    writer.scalars(2, {"loss/total": 0.25})
+    writer.add_image("img", 2, np.full((4, 6, 3), 200, np.uint8))
+    writer.close()
+    assert gcs_emulator.objects(bucket, "run/tb/") == [name]
+    scalars, images = events_of([parse_records(gcs_emulator.read(bucket, name))])
+    assert scalars == {
+        ("loss/total", 1): np.float32(0.5),
+        ("test/ece", 1): np.float32(0.125),
+        ("loss/total", 2): np.float32(0.25),
+    }
+    assert list(images) == [("img", 2)] and images[("img", 2)][:2] == (4, 6)
+
+
+def test_a_missing_bucket_is_one_line(gcs_emulator):
+    with pytest.raises(ValueError) as err:
+        tensorboard.check_writable("gs://no-such-bucket-calib/tb")
+    assert "\n" not in str(err.value) and "gs://no-such-bucket-calib/tb" in str(
+        err.value
+    )

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 from _events import event_files, read_events
+from etils.epath import gpath
 from PIL import Image
 
 from calib_jax import tensorboard
@@ -59,7 +60,14 @@ def test_event_scalars_equal_the_jsonl_and_the_diagram_is_an_image(
     workdir = tmp_path / "run"
     poison = _PoisonedTensorFlow()
     monkeypatch.setattr(sys, "meta_path", [poison, *sys.meta_path])
-    summary = train_and_evaluate(_config(tensorboard=True), workdir, progress=False)
+    # etils caches whether TensorFlow is findable; forget the poisoned answer.
+    tf_cache = gpath._is_tf_installed.cache_clear
+    tf_cache()
+    try:
+        summary = train_and_evaluate(_config(tensorboard=True), workdir, progress=False)
+    finally:
+        monkeypatch.undo()
+        tf_cache()
     # tensorboardX wrote the events without TensorFlow, though it was findable.
     assert "tensorflow" not in sys.modules and poison.imported == []
     rows = load_jsonl(workdir / "metrics.jsonl")

@@ -114,6 +114,7 @@ class Writer:
     def __init__(self, directory: epath.PathLike, *, upload_secs: float = 60.0):
         self.directory = storage.as_path(directory, what="TensorBoard log directory")
         self.upload_secs = upload_secs
+        self.purge_step = None
         self._writer = None
         self._local = None  # the temporary directory of a remote log dir
         self._uploaded = 0.0
@@ -127,8 +128,18 @@ class Writer:
                 self._local = tempfile.TemporaryDirectory(prefix="calib_jax_tb_")
                 target = self._local.name
                 self._uploaded = time.monotonic()
-            self._writer = SummaryWriter(os.fspath(target), flush_secs=30)
+            self._writer = SummaryWriter(
+                os.fspath(target), flush_secs=30, purge_step=self.purge_step
+            )
         return self._writer
+
+    def resume_at(self, step: int) -> None:
+        """Marks a run resumed from ``step``: TensorBoard drops the events of
+        earlier files at steps >= ``step`` (those of the interrupted run past
+        its last checkpoint, which the resumed run writes again)."""
+        if self._writer is not None:
+            raise RuntimeError("resume_at must be called before the first write.")
+        self.purge_step = int(step)
 
     def _copy_up(self) -> None:
         """Copies the local event files of a remote log dir to it (whole)."""
@@ -215,6 +226,9 @@ class NoWriter:
         """Does nothing."""
 
     def reliability(self, tag, step, logits, labels, **kwargs) -> None:
+        """Does nothing."""
+
+    def resume_at(self, step) -> None:
         """Does nothing."""
 
     def flush(self) -> None:

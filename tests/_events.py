@@ -53,15 +53,27 @@ def read_events(logdir: str):
 
 
 def events_of(files: list[list[bytes]]):
-    """:func:`read_events` of the records of event files."""
+    """:func:`read_events` of the records of event files, oldest file first.
+
+    A file that starts a resumed run (a ``SessionLog.START`` event at step
+    ``T``, tensorboardX's ``purge_step``) drops the earlier files' values at
+    steps ``>= T``, as TensorBoard does. A value written twice for one tag
+    and step without such a purge fails.
+    """
     scalars, images = {}, {}
     for records in files:
         for record in records:
             event = event_pb2.Event.FromString(record)
+            if event.HasField("session_log") and event.session_log.status == 1:
+                purge = int(event.step)
+                for d in (scalars, images):
+                    for key in [k for k in d if k[1] >= purge]:
+                        del d[key]
             for v in event.summary.value:
                 key = (v.tag, int(event.step))
+                # Written again only after a purge of its step.
+                assert key not in scalars and key not in images, f"{key} twice"
                 if v.HasField("simple_value"):
-                    assert key not in scalars, f"{key} written twice"
                     scalars[key] = np.float32(v.simple_value)
                 elif v.HasField("image"):
                     img = v.image

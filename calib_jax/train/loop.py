@@ -170,6 +170,7 @@ def train_and_evaluate(
     else:
         start = int(jax.device_get(state.step))
         logging.info("Resumed from step %d in %s", start, workdir)
+        tb.resume_at(start + 1)  # the steps after the checkpoint are rerun
 
     summary = {}
     acc = {}

@@ -23,7 +23,7 @@ def _config(**log):
     c = digits_ce.get_config()
     c.unlock()
     c.num_steps, c.log_every, c.eval_every = 12, 4, 8
-    c.checkpoint_every = 12
+    c.checkpoint_every = 4
     c.shifts.corruptions, c.shifts.severities = "contrast", (2, 5)
     c.log.update(log)
     c.lock()
@@ -91,6 +91,22 @@ def test_event_scalars_equal_the_jsonl_and_the_diagram_is_an_image(
     pixels = np.asarray(Image.open(io.BytesIO(png)))
     assert pixels.shape[:2] == (h, w) and h > 100 and w > 100
     assert pixels.std() > 10  # a drawn figure, not a blank canvas
+
+    # Resumed from step 8 (the last checkpoint lost): a second event file
+    # purges steps >= 9 of the first, and the events equal the JSONL's latest
+    # value of every key and step.
+    (workdir / "checkpoints" / "12").rename(tmp_path / "ckpt12")
+    train_and_evaluate(_config(tensorboard=True), workdir, progress=False)
+    files = event_files(str(workdir / "tensorboard"))
+    assert len(files) == 2
+    latest = {}
+    for row in load_jsonl(workdir / "metrics.jsonl"):
+        for key, value in row.items():
+            if key not in ("step", "time"):
+                latest[(key, row["step"])] = np.float32(value)
+    scalars, images = read_events(str(workdir / "tensorboard"))
+    assert scalars == latest
+    assert list(images) == [("test/reliability", 12)]
 
 
 def test_unwritable_log_dir_fails_in_one_line_before_training(tmp_path):

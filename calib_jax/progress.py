@@ -11,19 +11,24 @@ return, e.g. ``train mlp/digits:  40%|####      | 400/1000 [00:10<00:15,
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import Self, TextIO
 
 # Seconds between the lines of a bar outside a terminal.
 LOG_INTERVAL = 10.0
+# ANSI control sequences (tqdm moves the cursor to draw nested bars).
+_CONTROL = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class LineStream:
     """A stream for ``tqdm`` that writes each refresh as a line of its own.
 
-    Carriage returns are dropped, so a log file holds one readable line per
-    refresh instead of one overwritten line.
+    Carriage returns and terminal control sequences (cursor moves) are
+    dropped, so a log file holds one readable line per refresh instead of one
+    overwritten line; a line that repeats the previous one's count (a bar
+    closed right after its last update) is skipped.
 
     Args:
       stream: where the lines go.
@@ -31,11 +36,14 @@ class LineStream:
 
     def __init__(self, stream: TextIO):
         self._stream = stream
+        self._last = None
 
     def write(self, text: str) -> int:
         """Writes ``text`` without carriage returns, as one line if not blank."""
-        line = text.replace("\r", "").strip()
-        if line:
+        line = _CONTROL.sub("", text).replace("\r", "").strip()
+        count = line.split(" [", 1)[0]  # description, share, bar and n/total
+        if line and count != self._last:
+            self._last = count
             self._stream.write(line + "\n")
             self._stream.flush()
         return len(text)
@@ -109,6 +117,7 @@ def bar(
     return tqdm(
         **common,
         file=LineStream(stream),
+        position=0,  # one line each, no cursor moves between nested bars
         ascii=True,
         ncols=100,
         mininterval=interval,

@@ -84,3 +84,23 @@ def test_training_off_a_terminal_logs_step_and_evaluation_lines_and_no_events(
     assert "img/s, ETA" in evals[-1]
     # TensorBoard is off by default: no event directory.
     assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_nested_bars_off_a_terminal_write_plain_lines():
+    stream = io.StringIO()
+    outer = progress.bar(2, desc="benchmark", unit="cell", stream=stream, interval=0)
+    inner = progress.bar(3, desc="fits", unit="fit", stream=stream, level=1)
+    inner.update(3)
+    inner.close()
+    outer.update(1)
+    outer.close()
+    text = stream.getvalue()
+    assert "\x1b" not in text and "\r" not in text
+    lines = text.splitlines()
+    # Each bar's closing line repeats its last count and is skipped.
+    assert [ln.split("|")[0] for ln in lines] == [
+        "benchmark:   0%",
+        "fits:   0%",
+        "fits: 100%",
+        "benchmark:  50%",
+    ]

@@ -214,7 +214,7 @@ def run(config: ConfigDict, workdir: str | epath.PathLike) -> epath.Path:
     bar = progress_lib.bar(len(todo), desc="benchmark", unit="cell", enabled=primary)
     all_rows = []
     for method, seed in todo:
-        bar.set_postfix_str(f"{method} seed {seed}")
+        bar.set_postfix_str(f"{method} seed {seed}", refresh=False)
         path = grid.cell_dir(workdir, method, seed) / "rows.jsonl"
         if path.exists():
             all_rows.extend(read_rows(path))

@@ -222,7 +222,8 @@ def train_and_evaluate(
                 logged["learning_rate"] = float(run.schedule(step))
                 writer.write(done, logged)
                 tb.scalars(done, logged)
-                bar.set_postfix(loss=f"{logged.get('loss/total', float('nan')):.4f}")
+                loss = logged.get("loss/total", float("nan"))
+                bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
                 bad = sorted(
                     k
                     for k, v in logged.items()

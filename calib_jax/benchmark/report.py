@@ -556,7 +556,8 @@ def _plots(config: ConfigDict, workdir: epath.Path, rows) -> list[str]:
             path=workdir / name,
         )
         lines.append(f"![reliability, {tag}: {method}]({name})")
-    return lines
+    # One paragraph per figure (adjacent image lines would render in a row).
+    return [part for line in lines for part in (line, "")]
 
 
 def highlighted(methods, baseline: str, best: str, named) -> list[str]:

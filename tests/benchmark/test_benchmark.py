@@ -278,3 +278,15 @@ def test_report_has_ood_and_bootstrap_tables(finished):
     # A far-OOD set: tiles of photographs are easy to tell from digits.
     assert all(0.5 < r["ood_auroc"] <= 1.0 for r in clean)
     assert all(r["accuracy_lo"] <= r["accuracy"] <= r["accuracy_hi"] for r in clean)
+
+
+def test_severity_plot_methods_are_baseline_best_and_named_in_grid_order():
+    methods = ["ce", "focal", "acls", "sb_ece", "two_stage"]
+    assert report.highlighted(methods, "ce", "sb_ece", ("two_stage", "nope")) == [
+        "ce",
+        "sb_ece",
+        "two_stage",
+    ]
+    assert report.highlighted(methods, "ce", "ce", ()) == ["ce"]
+    text = "a ![x](one.png) b\n\n![y, z](two.png)\n[not](three.png)"
+    assert report.figures(text) == ["one.png", "two.png"]

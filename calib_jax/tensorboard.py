@@ -58,7 +58,7 @@ def log_dir(
 
 
 def check_writable(directory: epath.PathLike) -> None:
-    """Checks that ``directory`` can be created and written, leaving no trace.
+    """Checks that ``directory`` can be created and written, leaving no file.
 
     Creates it (and its parents), writes and removes a probe file, and removes
     the directory again if it did not exist (a local one; in an object store
@@ -77,7 +77,7 @@ def check_writable(directory: epath.PathLike) -> None:
         storage.write_bytes(probe, b"")
         probe.unlink()
         if not existed and not storage.is_remote(directory):
-            directory.rmdir()  # no trace; the writer creates it again
+            directory.rmdir()  # the writer creates it again
     except (OSError, ValueError) as e:
         reason = " ".join(str(e).split()) or type(e).__name__
         raise ValueError(

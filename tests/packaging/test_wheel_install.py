@@ -22,7 +22,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-IGNORED = (".venv", ".git", "build", "dist", "runs", "*.egg-info", "__pycache__")
+IGNORED = (
+    ".venv",
+    ".git",
+    ".whl",
+    ".gl",
+    ".gpu",
+    ".ruff_cache",
+    ".pytest_cache",
+    "build",
+    "dist",
+    "runs",
+    "workdir*",
+    "*.egg-info",
+    "__pycache__",
+)
 
 
 def _run(cmd, *, cwd, env, timeout=300):

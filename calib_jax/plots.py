@@ -16,7 +16,6 @@ import numpy as np
 
 from calib_jax import metrics
 
-
 # The greyed-out bins of a reliability diagram (fewer than min_count samples).
 LOW_COUNT_COLOR = "#d9d9d9"
 LOW_COUNT_LABEL = "< {min_count} samples (noisy)"

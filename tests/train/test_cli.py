@@ -138,8 +138,10 @@ def test_workdir_of_another_config_is_refused_and_kept(tmp_path):
     [
         (
             "nonexist.py",
-            "no such file and no shipped config of that name; shipped configs: "
-            "benchmark_cifar10, ",
+            (
+                "no such file and no shipped config of that name; shipped "
+                "configs: benchmark_cifar10, "
+            ),
         ),
         ("digits_ce.py:foo=1", "Unknown config argument 'foo'"),
     ],

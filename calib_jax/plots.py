@@ -16,6 +16,10 @@ import numpy as np
 
 from calib_jax import metrics
 
+# The greyed-out bins of a reliability diagram (fewer than min_count samples).
+LOW_COUNT_COLOR = "#d9d9d9"
+LOW_COUNT_LABEL = "< {min_count} samples (noisy)"
+
 
 def _figure(width: float, height: float):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -53,26 +57,38 @@ def reliability_diagram(
     binning: str = "equal_width",
     convention: str | metrics.Convention = "calib_jax",
     where=None,
+    min_count: int = 10,
     title: str | None = None,
     path: str | os.PathLike | None = None,
 ):
-    """Reliability diagram with gaps and a confidence histogram.
+    """Reliability diagram with gaps, per-bin counts and a confidence histogram.
 
     Top panel: accuracy per bin (bars), the gap to the bin's mean confidence
     (hatched bars from accuracy to confidence) and the diagonal of perfect
-    calibration. Bottom panel: number of samples per bin. The title shows
-    the ECE computed with the same bins (:func:`calib_jax.metrics.ece`).
+    calibration; each non-empty bin's sample count is printed above its bar.
+    Bins with fewer than ``min_count`` samples, whose accuracy is mostly
+    noise, are drawn in light grey (accuracy and gap alike) and named in the
+    legend. Bottom panel: number of samples per bin, the same bins greyed.
+    The title shows the ECE computed with the same bins
+    (:func:`calib_jax.metrics.ece`).
 
     Args:
       probs: float ``[N, K]`` probabilities.
       labels: int ``[N]`` class ids.
       num_bins, binning, convention, where: as :func:`calib_jax.metrics.ece`.
+      min_count: bins with fewer samples are greyed out (0: none).
       title: title prefix (default ``"Reliability"``).
       path: where to write a PNG (None: do not save).
 
     Returns:
-      The ``matplotlib.figure.Figure``.
+      The ``matplotlib.figure.Figure``. The greyed bars of the top panel are
+      the containers labelled ``LOW_COUNT_LABEL`` (``fig.axes[0].containers``).
+
+    Raises:
+      ValueError: negative ``min_count``.
     """
+    if not isinstance(min_count, (int, np.integer)) or min_count < 0:
+        raise ValueError(f"min_count must be an int >= 0, got {min_count!r}.")
     bins = metrics.reliability_bins(
         probs,
         labels,
@@ -96,7 +112,8 @@ def reliability_diagram(
     acc = np.asarray(bins["accuracy"])
     lower, upper = np.asarray(bins["lower"]), np.asarray(bins["upper"])
     width = np.maximum(upper - lower, 0.01)
-    full = count > 0
+    full = count >= max(min_count, 1)
+    low = (count > 0) & ~full
 
     fig = _figure(5.0, 6.0)
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
@@ -121,13 +138,35 @@ def reliability_diagram(
         edgecolor="#d62728",
         label="gap",
     )
+    if low.any():
+        top.bar(
+            lower[low],
+            np.maximum(acc[low], conf[low]),
+            width=width[low],
+            align="edge",
+            color=LOW_COUNT_COLOR,
+            edgecolor="#999999",
+            label=LOW_COUNT_LABEL.format(min_count=min_count),
+        )
+    for x, w, n, a, c in zip(lower, width, count, acc, conf):
+        if n > 0:
+            top.text(
+                x + w / 2,
+                min(max(a, c), 1.0) + 0.01,
+                f"{int(n)}",
+                ha="center",
+                va="bottom",
+                fontsize=6,
+                color="#666666" if n < min_count else "black",
+            )
     top.plot([0, 1], [0, 1], "--", color="gray", label="perfect calibration")
     top.set_xlim(0, 1)
-    top.set_ylim(0, 1)
-    top.set_ylabel("accuracy")
-    top.legend(loc="upper left")
+    top.set_ylim(0, 1.08)
+    top.set_ylabel("accuracy (samples per bin above)")
+    top.legend(loc="upper left", fontsize="small")
     top.set_title(f"{title or 'Reliability'} (ECE = {100 * value:.2f}%)")
-    bottom.bar(lower, count, width=width, align="edge", color="gray", edgecolor="black")
+    colors = np.where(count >= min_count, "gray", LOW_COUNT_COLOR)
+    bottom.bar(lower, count, width=width, align="edge", color=colors, edgecolor="black")
     bottom.set_xlabel("confidence")
     bottom.set_ylabel("count")
     _save(fig, path)
@@ -208,6 +247,11 @@ def ece_vs_severity(
 ):
     """Lines of a metric against shift severity, mean with error bars.
 
+    The legend sits outside the axes, to their right, so it never hides a
+    line. Give it a handful of methods (the benchmark report draws the
+    baseline, the best and named methods here and every method in
+    :func:`ece_vs_severity_grid`).
+
     Args:
       results: ``{method: {severity: [value per seed, ...]}}``; severity 0 is
         the clean test set.
@@ -224,31 +268,118 @@ def ece_vs_severity(
     Raises:
       ValueError: empty ``results`` or a severity without values.
     """
+    _check_curves(results, error)
+    fig = _figure(7.0 + 1.5 * (1 + len(results) // 12), 4.5)
+    ax = fig.subplots()
+    _distinct_colors(ax, len(results))
+    for method, by_severity in results.items():
+        severities, mean, spread = _curve(method, by_severity, error)
+        ax.errorbar(severities, mean, yerr=spread, marker="o", capsize=3, label=method)
+    ax.set_xticks(sorted({s for curve in results.values() for s in curve}))
+    ax.set_xlabel("shift severity (0 = clean)")
+    spread = f" (mean ± {error} over seeds)" if error is not None else ""
+    ax.set_ylabel(f"{metric_name}{spread}")
+    ax.legend(
+        fontsize="small",
+        ncol=1 + len(results) // 12,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0.0,
+    )
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title)
+    _save(fig, path)
+    return fig
+
+
+def _check_curves(results, error) -> None:
     if not results:
         raise ValueError("results is empty: nothing to plot.")
     if error not in ("std", "sem", None):
         raise ValueError(f"error must be 'std' or 'sem' (or None), got {error!r}.")
-    fig = _figure(7.0, 4.5)
-    ax = fig.subplots()
-    _distinct_colors(ax, len(results))
-    for method, by_severity in results.items():
-        severities = sorted(by_severity)
-        values = [np.asarray(by_severity[s], np.float64) for s in severities]
-        if any(v.size == 0 for v in values):
-            raise ValueError(f"method {method!r} has a severity without values.")
-        mean = [v.mean() for v in values]
-        std = [v.std(ddof=1) if v.size > 1 else 0.0 for v in values]
-        if error == "sem":
-            std = [sd / np.sqrt(v.size) for sd, v in zip(std, values)]
-        yerr = std if error is not None else None
-        ax.errorbar(severities, mean, yerr=yerr, marker="o", capsize=3, label=method)
-    ax.set_xlabel("shift severity (0 = clean)")
-    spread = f" (mean ± {error} over seeds)" if error is not None else ""
-    ax.set_ylabel(f"{metric_name}{spread}")
-    ax.legend(fontsize="small", ncol=2 if len(results) > 6 else 1)
-    ax.grid(alpha=0.3)
-    if title:
-        ax.set_title(title)
+
+
+def _curve(method, by_severity, error):
+    """``(severities, mean, error bars or None)`` of one method's values."""
+    severities = sorted(by_severity)
+    values = [np.asarray(by_severity[s], np.float64) for s in severities]
+    if any(v.size == 0 for v in values):
+        raise ValueError(f"method {method!r} has a severity without values.")
+    mean = [v.mean() for v in values]
+    std = [v.std(ddof=1) if v.size > 1 else 0.0 for v in values]
+    if error == "sem":
+        std = [sd / np.sqrt(v.size) for sd, v in zip(std, values)]
+    return severities, mean, (std if error is not None else None)
+
+
+def ece_vs_severity_grid(
+    results: Mapping[str, Mapping[int, Sequence[float]]],
+    *,
+    reference: str | None = None,
+    metric_name: str = "ECE",
+    error: str | None = "std",
+    ncols: int = 5,
+    title: str | None = None,
+    path: str | os.PathLike | None = None,
+):
+    """Every method's curve of :func:`ece_vs_severity` in a panel of its own.
+
+    Small multiples on one shared y axis, in the order of ``results``; the
+    ``reference`` method (e.g. the cross-entropy baseline) is repeated as a
+    thin grey line in every other panel, so each method reads against it.
+
+    Args:
+      results: as :func:`ece_vs_severity`.
+      reference: a key of ``results`` drawn in every panel (None: none).
+      metric_name: the y-axis label (of the first column).
+      error: as :func:`ece_vs_severity`.
+      ncols: panels per row.
+      title: optional figure title.
+      path: where to write a PNG (None: do not save).
+
+    Returns:
+      The ``matplotlib.figure.Figure``; ``fig.axes[i]`` is the panel of the
+      i-th method.
+
+    Raises:
+      ValueError: empty ``results``, a severity without values, a
+        ``reference`` not in ``results`` or ``ncols < 1``.
+    """
+    _check_curves(results, error)
+    if reference is not None and reference not in results:
+        raise ValueError(
+            f"reference {reference!r} is not a method of results: {', '.join(results)}."
+        )
+    if ncols < 1:
+        raise ValueError(f"ncols must be >= 1, got {ncols}.")
+    n = len(results)
+    cols = min(ncols, n)
+    rows = -(-n // cols)
+    fig = _figure(2.4 * cols + 0.6, 2.0 * rows + 0.8)
+    axes = np.atleast_1d(fig.subplots(rows, cols, sharex=True, sharey=True)).ravel()
+    ref = _curve(reference, results[reference], error) if reference else None
+    for ax, (method, by_severity) in zip(axes, results.items()):
+        if ref is not None and method != reference:
+            ax.plot(ref[0], ref[1], color="#9e9e9e", linewidth=1.0)
+        severities, mean, spread = _curve(method, by_severity, error)
+        ax.errorbar(severities, mean, yerr=spread, marker="o", markersize=3, capsize=2)
+        ax.set_title(method, fontsize="small")
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize="x-small")
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    axes[0].set_xticks(sorted({s for curve in results.values() for s in curve}))
+    for ax in axes[::cols]:
+        ax.set_ylabel(metric_name, fontsize="x-small")
+    for ax in axes[(rows - 1) * cols : n]:
+        ax.set_xlabel("severity", fontsize="x-small")
+    text = title or ""
+    if reference:
+        text += f" (grey: {reference})"
+    if text:
+        fig.suptitle(text.strip(), fontsize="medium")
+    fig.tight_layout()
     _save(fig, path)
     return fig
 

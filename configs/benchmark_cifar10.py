@@ -17,7 +17,7 @@ instead of the published files), ``:runlocal`` (a few steps of a small CNN),
 ``:ood=`` (no OOD set) or ``:ood=<name>``.
 """
 
-from configs import common
+from calib_jax.configs import common
 
 
 def get_config(arg=None):

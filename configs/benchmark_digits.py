@@ -22,8 +22,8 @@ finished cells back). Variants:
 - ``:seeds=N``: N seeds (0..N-1).
 """
 
-from configs import common
 from calib_jax.benchmark import grid
+from calib_jax.configs import common
 
 QUICK_METHODS = ("ce", "focal", "ls", "acls", "sb_ece", "au_pxtau", "two_stage")
 QUICK_CALIBRATORS = ("none", "ts:nll", "ts:sb_ece", "ets", "ts+classwise")

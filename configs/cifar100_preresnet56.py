@@ -12,7 +12,7 @@ Expected wall time on 1xH100: about 2 h (not measured here). That paper reports
 [73.0], AURC 4.76 [71.9], AU_Pxtau 1.77 [73.9].
 """
 
-from configs import common
+from calib_jax.configs import common
 
 
 def get_config(arg=None):

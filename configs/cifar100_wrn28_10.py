@@ -12,7 +12,7 @@ primary): accuracy 78.7%, ECE 9.10% (l2, equal-mass); with SB-ECE 77.7% /
 6.86%, with S-AvUC 78.6% / 6.10%.
 """
 
-from configs import common
+from calib_jax.configs import common
 
 
 def get_config(arg=None):

@@ -12,7 +12,7 @@ Expected wall time on 1xH100: about 2 h (not measured here). That paper reports
 [93.7], AURC 2.36 [93.0], AU_Pxtau 1.50 [92.4].
 """
 
-from configs import common
+from calib_jax.configs import common
 
 
 def get_config(arg=None):

@@ -12,7 +12,7 @@ paper reports (Table 3, 15-bin ECE): CE 93.20% / 5.85%, MbLS 95.25% / 1.16%,
 CPC 95.04% / 3.91%, ACLS 95.40% / 1.12%.
 """
 
-from configs import common
+from calib_jax.configs import common
 
 
 def get_config(arg=None):

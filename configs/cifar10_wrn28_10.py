@@ -13,7 +13,7 @@ primary): accuracy 95.5%, ECE 5.59% (l2, equal-mass); with S-AvUC 95.4% /
 ``configs.common.OBJECTIVES``; ``runlocal`` shrinks the run to 2 steps.
 """
 
-from configs import common
+from calib_jax.configs import common
 
 
 def get_config(arg=None):

@@ -93,6 +93,10 @@ def base() -> ml_collections.ConfigDict:
     )
 
     c.log_every = 50
+    # TensorBoard event files beside metrics.jsonl (tensorboardX, no
+    # TensorFlow): scalars, per-shift metrics and reliability diagrams;
+    # tensorboard_dir '' = <workdir>/tensorboard.
+    c.log = ml_collections.ConfigDict({"tensorboard": False, "tensorboard_dir": ""})
     c.eval_every = 0  # 0 = only at the end
     c.checkpoint_every = 500
     # A run whose loss or parameters turn non-finite stops with an error and
@@ -203,6 +207,14 @@ def benchmark_base() -> ml_collections.ConfigDict:
     """
     c = ml_collections.ConfigDict()
     c.train = base()
+    # True: every cell's training run and the benchmark's results and figures
+    # write TensorBoard event files (under each run's and the workdir's
+    # tensorboard/).
+    c.log = ml_collections.ConfigDict({"tensorboard": False})
+    # Figures of report.md: `methods` are drawn in ece_vs_severity.png beside
+    # the baseline and the best (every method: ece_vs_severity_all.png);
+    # reliability bins with fewer than `min_count` samples are greyed out.
+    c.report = ml_collections.ConfigDict({"methods": (), "min_count": 10})
     c.methods = ("ce",)
     c.calibrators = ("none", "ts:nll")
     c.seeds = (0, 1, 2)

@@ -9,7 +9,7 @@ sets; test accuracy about 97%, test ECE (15 equal-width bins, l1) about 1-2%.
 Variants: ``:model=cnn`` for the small CNN.
 """
 
-from configs import common
+from calib_jax.configs import common
 
 
 def get_config(arg=None):

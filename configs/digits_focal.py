@@ -10,7 +10,7 @@ dual_focal; ``gamma`` overrides the loss's default where it has one. Expected on
 a 2-core CPU: about 30 s; test accuracy about 97%.
 """
 
-from configs import common
+from calib_jax.configs import common
 
 
 def get_config(arg=None):

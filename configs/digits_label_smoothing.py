@@ -8,7 +8,7 @@ Command (from the repository root)::
 Expected on a 2-core CPU: about 30 s; test accuracy about 97%.
 """
 
-from configs import common
+from calib_jax.configs import common
 
 
 def get_config(arg=None):

@@ -10,7 +10,7 @@ ACLS and CPC, at the papers' defaults), so the term weight is 1. Expected on a
 2-core CPU: about 30 s; test accuracy about 97%.
 """
 
-from configs import common
+from calib_jax.configs import common
 
 
 def get_config(arg=None):

@@ -21,7 +21,7 @@ reweighted-risk paper trains with them alone). Expected on a 2-core CPU: about
 The benchmark report compares both AU_Pxtau variants.
 """
 
-from configs import common
+from calib_jax.configs import common
 
 
 def get_config(arg=None):

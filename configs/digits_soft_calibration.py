@@ -12,7 +12,7 @@ the per-core variant). Expected on a 2-core CPU: about 30 s; test accuracy
 about 97%.
 """
 
-from configs import common
+from calib_jax.configs import common
 
 SECONDARY = ("sb_ece", "s_avuc", "avuc", "avuc_gs", "mmce", "mdca")
 

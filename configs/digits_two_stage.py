@@ -16,7 +16,7 @@ learning rate of 0.3. Expected on a 2-core CPU: about 15 s; test accuracy about
 97-98%.
 """
 
-from configs import common
+from calib_jax.configs import common
 
 
 def get_config(arg=None):

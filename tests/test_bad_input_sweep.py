@@ -283,17 +283,28 @@ def test_train_cli_user_errors_are_one_line(tmp_path):
             ROOT,
             "process_id must be < num_processes",
         ),
-        # Overrides load the config file during flag parsing; from another
-        # directory its `from configs import common` fails.
-        "config not importable": (
-            command(tmp_path / "w2"),
+        # From another directory, a name that is neither a file nor a
+        # shipped config lists the shipped ones.
+        "unknown config": (
+            [
+                sys.executable,
+                "-m",
+                "calib_jax.train",
+                "--config=no_such_config:quick",
+                f"--workdir={tmp_path / 'w2'}",
+                "--config.num_steps=2",
+            ],
             tmp_path,
-            "No module named 'configs' (run from the repository root",
+            (
+                "unknown --config 'no_such_config': no such file and no shipped "
+                "config of that name; shipped configs: benchmark_cifar10, "
+                "benchmark_cifar100,"
+            ),
         ),
     }
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
     env.pop("XLA_FLAGS", None)
-    env["PYTHONPATH"] = ""  # the package is installed; `configs` is not
+    env["PYTHONPATH"] = str(ROOT)
     procs = {
         name: subprocess.Popen(
             cmd,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import zlib
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -179,6 +180,7 @@ def cell_rows(
     num_bins: int = 15,
     bootstrap_samples: int = 0,
     confidence: float = 0.95,
+    progress: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """Result rows of one trained cell: one per calibrator x evaluation set.
 
@@ -192,6 +194,8 @@ def cell_rows(
         :data:`BOOTSTRAP_METRICS` (0: none); drawn with
         :func:`bootstrap_key` of the cell, the same for every calibrator.
       confidence: the intervals' level.
+      progress: optional ``(calibrator) -> None`` called after each
+        calibrator is fitted and scored.
 
     Returns:
       Rows ``{method, calibrator, seed, shift, corruption, severity, **metrics}``
@@ -260,4 +264,6 @@ def cell_rows(
                     **({"fit": params} if s == "test" and params else {}),
                 )
             )
+        if progress is not None:
+            progress(cal_name)
     return rows

@@ -133,6 +133,8 @@ def train_config(
         c.two_stage.stage1_workdir = str(train_dir(workdir, STAGE_ONE, seed))
     else:
         raise _unknown("method", [method], METHODS)
+    if config.get("log") is not None and config.log.get("tensorboard", False):
+        c.log.tensorboard = True
     c.lock()
     return c
 

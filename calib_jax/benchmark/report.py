@@ -17,6 +17,7 @@ Numbers are printed in percent with two decimals.
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 
 import numpy as np
@@ -490,6 +491,9 @@ def _plots(config: ConfigDict, workdir: epath.Path, rows) -> list[str]:
 
     lines = []
     methods = _methods(rows)
+    options = config.get("report") or {}
+    baseline = "ce" if "ce" in methods else methods[0]
+    best = min(methods, key=lambda m: aggregate(rows, m, "none", "ece")[0])
     if _has_shift(rows):
         severities = sorted({r["severity"] for r in rows})
         curves = {
@@ -499,14 +503,25 @@ def _plots(config: ConfigDict, workdir: epath.Path, rows) -> list[str]:
             }
             for m in methods
         }
+        chosen = highlighted(methods, baseline, best, options.get("methods", ()))
+        metric = "ECE (15 equal-width bins, l1)"
         plots.ece_vs_severity(
-            curves,
-            metric_name="ECE (15 equal-width bins, l1)",
+            {m: curves[m] for m in chosen},
+            metric_name=metric,
             error="sem",
-            title="ECE vs shift severity (mean over corruption types)",
+            title=f"ECE vs shift severity: baseline ({baseline}), best, named",
             path=workdir / "ece_vs_severity.png",
         )
-        lines.append("![ECE vs severity](ece_vs_severity.png)")
+        lines.append("![ECE vs severity, chosen methods](ece_vs_severity.png)")
+        plots.ece_vs_severity_grid(
+            curves,
+            reference=baseline,
+            metric_name="ECE",
+            error="sem",
+            title="ECE vs shift severity, every method (mean ± SEM over seeds)",
+            path=workdir / "ece_vs_severity_all.png",
+        )
+        lines.append("![ECE vs severity, every method](ece_vs_severity_all.png)")
     points = {}
     for m in methods:
         acc = aggregate(rows, m, "none", "accuracy")
@@ -520,11 +535,11 @@ def _plots(config: ConfigDict, workdir: epath.Path, rows) -> list[str]:
     )
     lines.append("![accuracy vs ECE](accuracy_vs_ece.png)")
     # Reliability diagrams: the baseline (ce, or the first method) and the
-    # method with the lowest clean ECE, on the first seed's test set.
+    # method with the lowest clean ECE, on the first seed's test set; bins
+    # with fewer than report.min_count samples are greyed out.
     import jax
 
-    baseline = "ce" if "ce" in methods else methods[0]
-    best = min(methods, key=lambda m: aggregate(rows, m, "none", "ece")[0])
+    min_count = int(options.get("min_count", 10))
     seed = min(config.seeds)
     for tag, method in (("baseline", baseline), ("best", best)):
         path = grid.train_dir(workdir, method, seed) / "logits" / "test.npz"
@@ -536,11 +551,28 @@ def _plots(config: ConfigDict, workdir: epath.Path, rows) -> list[str]:
             probs,
             labels,
             num_bins=int(config.num_bins),
+            min_count=min_count,
             title=f"{method} (seed {seed}, clean test)",
             path=workdir / name,
         )
         lines.append(f"![reliability, {tag}: {method}]({name})")
-    return lines
+    # One paragraph per figure (adjacent image lines would render in a row).
+    return [part for line in lines for part in (line, "")]
+
+
+def highlighted(methods, baseline: str, best: str, named) -> list[str]:
+    """The methods of the single-panel severity plot, in ``methods`` order.
+
+    The baseline, the method with the best clean ECE and the ``named`` ones
+    that ran (``config.report.methods``).
+    """
+    keep = {baseline, best, *named}
+    return [m for m in methods if m in keep]
+
+
+def figures(markdown: str) -> list[str]:
+    """The image files a report embeds (``![...](name)``), in order."""
+    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
 
 
 def write_report(config: ConfigDict, workdir: epath.PathLike, rows) -> epath.Path:

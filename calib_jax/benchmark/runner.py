@@ -15,11 +15,11 @@ import jax
 import numpy as np
 from etils import epath
 from ml_collections import ConfigDict
-from tqdm import tqdm
 
 from calib_jax import data as data_lib
-from calib_jax import losses, models, storage
-from calib_jax.benchmark import evaluate, grid, report
+from calib_jax import losses, models, storage, tensorboard
+from calib_jax import progress as progress_lib
+from calib_jax.benchmark import evaluate, events, grid, report
 from calib_jax.train import evaluate as train_eval
 from calib_jax.train import mesh as mesh_lib
 from calib_jax.train.loop import train_and_evaluate
@@ -45,6 +45,11 @@ def check_workdir(config: ConfigDict, workdir: epath.PathLike) -> None:
     new = _resolved(config)
     if path.exists():
         old = json.loads(path.read_text())
+        # Logging and the report's figures may change between runs.
+        old, new = (
+            {k: v for k, v in d.items() if k not in ("log", "report")}
+            for d in (old, new)
+        )
         if old != new:
             diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
             raise ValueError(
@@ -83,6 +88,8 @@ def validate(config: ConfigDict, workdir: epath.Path) -> None:
     for method in config.methods:
         losses.composite(grid.train_config(config, method, 0, workdir).loss)
     check_workdir(config, workdir)
+    if tensorboard.enabled(config):
+        tensorboard.check_writable(events.root(workdir))
 
 
 def _write_rows(path: epath.Path, rows: list[dict]) -> None:
@@ -118,22 +125,29 @@ def _summary_line(method: str, seed: int, rows: list[dict], seconds: float) -> s
 
 
 def ensure_trained(
-    config: ConfigDict, workdir: epath.Path, method: str, seed: int
+    config: ConfigDict,
+    workdir: epath.Path,
+    method: str,
+    seed: int,
+    *,
+    progress: bool = False,
 ) -> epath.Path:
     """Trains (or resumes) the run of one cell unless it finished; returns its dir.
 
     The two-stage method first ensures its stage I, the ``ce`` run of the seed.
+    ``progress`` shows the training steps and evaluation under the cell bar.
     """
     train_dir = grid.train_dir(workdir, method, seed)
     done = train_dir / "TRAINED"
     if not done.exists():
         if method == "two_stage":
-            ensure_trained(config, workdir, grid.STAGE_ONE, seed)
+            ensure_trained(config, workdir, grid.STAGE_ONE, seed, progress=progress)
         try:
             train_and_evaluate(
                 grid.train_config(config, method, seed, workdir),
                 train_dir,
-                progress=False,
+                progress=progress,
+                progress_level=1,
             )
         except FloatingPointError as e:  # name the cell that diverged
             raise FloatingPointError(f"{method} seed {seed} ({train_dir}): {e}") from e
@@ -143,19 +157,42 @@ def ensure_trained(
 
 
 def run_cell(
-    config: ConfigDict, workdir: epath.Path, method: str, seed: int
+    config: ConfigDict,
+    workdir: epath.Path,
+    method: str,
+    seed: int,
+    *,
+    progress: bool = False,
 ) -> list[dict]:
-    """Trains (or resumes) one cell and returns its result rows."""
-    train_dir = ensure_trained(config, workdir, method, seed)
-    return evaluate.cell_rows(
-        evaluate.load_logits(train_dir, config.train.ood.dataset),
-        method=method,
-        seed=seed,
-        calibrators=tuple(config.calibrators),
-        num_bins=int(config.num_bins),
-        bootstrap_samples=int(config.bootstrap.num_samples),
-        confidence=float(config.bootstrap.confidence),
+    """Trains (or resumes) one cell and returns its result rows.
+
+    ``progress`` shows bars (under the cell bar) over the training steps, the
+    evaluation sets and the post-hoc fits.
+    """
+    train_dir = ensure_trained(config, workdir, method, seed, progress=progress)
+    fits = progress_lib.bar(
+        len(config.calibrators),
+        desc=f"post-hoc {method} seed {seed}",
+        unit="fit",
+        enabled=progress,
+        level=1,
     )
+
+    def fitted(name: str) -> None:
+        fits.set_postfix_str(name, refresh=False)
+        fits.update(1)
+
+    with fits:
+        return evaluate.cell_rows(
+            evaluate.load_logits(train_dir, config.train.ood.dataset),
+            method=method,
+            seed=seed,
+            calibrators=tuple(config.calibrators),
+            num_bins=int(config.num_bins),
+            bootstrap_samples=int(config.bootstrap.num_samples),
+            confidence=float(config.bootstrap.confidence),
+            progress=fitted,
+        )
 
 
 def run(config: ConfigDict, workdir: str | epath.PathLike) -> epath.Path:
@@ -173,22 +210,30 @@ def run(config: ConfigDict, workdir: str | epath.PathLike) -> epath.Path:
     validate(config, workdir)
     todo = grid.cells(config)
     primary = jax.process_index() == 0
-    bar = tqdm(todo, desc="benchmark", unit="cell", disable=not primary)
+    tb = tensorboard.enabled(config) and primary
+    bar = progress_lib.bar(len(todo), desc="benchmark", unit="cell", enabled=primary)
     all_rows = []
-    for method, seed in bar:
-        bar.set_postfix_str(f"{method} seed {seed}")
+    for method, seed in todo:
+        bar.set_postfix_str(f"{method} seed {seed}", refresh=False)
         path = grid.cell_dir(workdir, method, seed) / "rows.jsonl"
         if path.exists():
             all_rows.extend(read_rows(path))
+            bar.update(1)
             continue
         start = time.perf_counter()
-        rows = run_cell(config, workdir, method, seed)
+        rows = run_cell(config, workdir, method, seed, progress=primary)
         if primary:
             _write_rows(path, rows)
             bar.write(_summary_line(method, seed, rows, time.perf_counter() - start))
+            if tb:
+                events.write_cell(workdir, method, seed, rows)
         all_rows.extend(rows)
+        bar.update(1)
     bar.close()
     if not primary:
         return workdir / report.REPORT_FILE
     _write_rows(workdir / RESULTS_FILE, all_rows)
-    return report.write_report(config, workdir, all_rows)
+    path = report.write_report(config, workdir, all_rows)
+    if tb:
+        events.write_figures(workdir, report.figures(path.read_text()))
+    return path

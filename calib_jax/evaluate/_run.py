@@ -20,10 +20,10 @@ from etils import epath
 from ml_collections import ConfigDict
 
 from calib_jax import data as data_lib
-from calib_jax import storage
+from calib_jax import storage, tensorboard
 from calib_jax.data import cache as cache_lib
 from calib_jax.data import corruptions
-from calib_jax.evaluate._progress import Progress
+from calib_jax.progress import Progress
 from calib_jax.train import checkpoint, sharded_step, two_stage
 from calib_jax.train import evaluate as eval_lib
 from calib_jax.train import mesh as mesh_lib
@@ -34,7 +34,7 @@ METRICS_JSONL = "metrics.jsonl"
 LOGITS_DIR = "logits"
 PLOTS_DIR = "plots"
 # What an evaluation writes under --out (the only paths --overwrite removes).
-OUTPUTS = (METRICS_JSON, METRICS_JSONL, LOGITS_DIR, PLOTS_DIR)
+OUTPUTS = (METRICS_JSON, METRICS_JSONL, LOGITS_DIR, PLOTS_DIR, tensorboard.DIRNAME)
 # Fields of the run's config.json that must match --config (the model whose
 # checkpoint is restored and the data it was trained on).
 _MUST_MATCH = (("model",), ("dataset", "name"), ("two_stage", "enabled"))
@@ -204,7 +204,18 @@ def _plots(out: epath.Path, logits: dict, results: dict) -> None:
         )
 
 
-def _write(out, workdir, results, logits, step, *, source, ood_name, overwrite):
+def _write_events(tb, results: dict, logits: dict, step: int | None) -> None:
+    """Scalars (every metric) and reliability diagrams to TensorBoard."""
+    step = step or 0
+    with tb:
+        tb.scalars(step, results)
+        for key in ("val", "test"):
+            if key in logits:
+                z, y = logits[key]
+                tb.reliability(f"{key}/reliability", step, z, y, title=key)
+
+
+def _write(out, workdir, results, logits, step, *, source, ood_name, overwrite, tb):
     if overwrite:
         for name in OUTPUTS:
             path = out / name
@@ -226,6 +237,7 @@ def _write(out, workdir, results, logits, step, *, source, ood_name, overwrite):
     if source == "checkpoint":
         eval_lib.export_logits(out / LOGITS_DIR, logits, ood_name)
     _plots(out, logits, results)
+    _write_events(tb, results, logits, step)
 
 
 def run(
@@ -255,8 +267,10 @@ def run(
       ``test/...``, ``shift/<corruption>/<severity>/...``,
       ``shift/mean/...``, ``ood/...``) and the output directory, which holds
       ``metrics.jsonl`` (one row in the trainer's format), ``metrics.json``,
-      ``logits/`` (the trainer's file names; not with ``from_logits``) and
-      ``plots/``.
+      ``logits/`` (the trainer's file names; not with ``from_logits``),
+      ``plots/`` and, with ``config.log.tensorboard``, ``tensorboard/`` (every
+      metric as a scalar at the run's step, the val and test reliability
+      diagrams as images).
 
     Raises:
       ValueError: a workdir with neither checkpoints nor logits, a config of
@@ -287,6 +301,8 @@ def run(
         )
     check_config(config, workdir)
     check_out(workdir, out, overwrite)
+    # <out>/tensorboard, or <config.log.tensorboard_dir>/evaluate; checked now.
+    tb = tensorboard.from_config(config, out, subdir=OUT_DIRNAME)
     ood_name = config.ood.dataset if config.get("ood") is not None else ""
     if from_logits:
         keys = _exported_keys(config, workdir / "logits")
@@ -304,5 +320,6 @@ def run(
             source="logits" if from_logits else "checkpoint",
             ood_name=ood_name,
             overwrite=overwrite,
+            tb=tb,
         )
     return results, out

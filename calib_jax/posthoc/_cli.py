@@ -44,6 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 from absl import flags
 
+from calib_jax import progress as progress_lib
 from calib_jax.posthoc import _cli_files as files
 from calib_jax.posthoc import _cli_report as report
 from calib_jax.posthoc._cli_files import UserError
@@ -184,46 +185,16 @@ def _load(splits, fv) -> dict:
     return data
 
 
-class _Lines:
-    """A stream for tqdm that writes each refresh as its own line (for logs)."""
-
-    def __init__(self, stream):
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        line = text.replace("\r", "").strip()
-        if line:
-            self._stream.write(line + "\n")
-            self._stream.flush()
-        return len(text)
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-
 def _progress(total: int, first: str):
     """A bar over fits and scored splits, shown once the work takes a while:
     redrawn on a terminal, one line per ``LOG_INTERVAL`` seconds otherwise."""
-    from tqdm import tqdm
-
-    if sys.stderr.isatty():
-        return tqdm(
-            total=total,
-            desc=f"fit {first}",
-            unit="task",
-            file=sys.stderr,
-            dynamic_ncols=True,
-            delay=2.0,
-        )
-    return tqdm(
-        total=total,
+    tty = progress_lib.is_terminal(sys.stderr)
+    return progress_lib.bar(
+        total,
         desc=f"fit {first}",
         unit="task",
-        file=_Lines(sys.stderr),
-        ascii=True,
-        ncols=100,
-        mininterval=LOG_INTERVAL,
-        delay=LOG_INTERVAL,
+        interval=LOG_INTERVAL,
+        delay=2.0 if tty else LOG_INTERVAL,
     )
 
 

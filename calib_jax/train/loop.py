@@ -13,9 +13,9 @@ import jax.numpy as jnp
 from etils import epath
 from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
-from tqdm import tqdm
 
-from calib_jax import storage
+from calib_jax import progress as progress_lib
+from calib_jax import storage, tensorboard
 from calib_jax.data import prefetch
 from calib_jax.train import setup as setup_lib
 from calib_jax.train.checkpoint import Checkpointer
@@ -130,18 +130,36 @@ def _summarise(acc: dict) -> dict[str, float]:
     return out
 
 
+def _reliability_image(tb, workdir: epath.Path, step: int) -> None:
+    """The final test set's reliability diagram, from the exported logits."""
+    path = workdir / "logits" / "test.npz"
+    if isinstance(tb, tensorboard.NoWriter) or not path.exists():
+        return
+    f = storage.load_npz(path)
+    tb.reliability(
+        "test/reliability", step, f["logits"], f["labels"], title=f"test, step {step}"
+    )
+
+
 def train_and_evaluate(
-    config: ConfigDict, workdir: str | epath.PathLike, *, progress: bool = True
+    config: ConfigDict,
+    workdir: str | epath.PathLike,
+    *,
+    progress: bool = True,
+    progress_level: int = 0,
 ) -> dict[str, float]:
     """Trains as ``config`` says, resuming from the latest checkpoint in ``workdir``.
 
     Everything that can be wrong with the config, the names in it or the
-    workdir is checked before any compute. ``progress=False`` hides the step
-    bar (the benchmark shows one bar over its grid instead). Returns the final
-    evaluation. ``workdir`` may be local or a ``gs://`` URL.
+    workdir (and the TensorBoard log directory of ``config.log``) is checked
+    before any compute. ``progress=False`` hides the bars of the steps and of
+    the evaluation; ``progress_level=1`` draws them under an outer bar (the
+    benchmark's cell bar). Returns the final evaluation. ``workdir`` may be
+    local or a ``gs://`` URL.
     """
     workdir = storage.as_path(workdir, what="--workdir")
     run = setup_lib.build(config, workdir)  # validates; raises ValueError
+    tb = tensorboard.from_config(config, workdir)  # raises ValueError
     writer = JsonlWriter(workdir / "metrics.jsonl")
     ckpt = Checkpointer(workdir)
 
@@ -152,20 +170,24 @@ def train_and_evaluate(
     else:
         start = int(jax.device_get(state.step))
         logging.info("Resumed from step %d in %s", start, workdir)
+        tb.resume_at(start + 1)  # the steps after the checkpoint are rerun
 
     summary = {}
     acc = {}
-    bar = tqdm(
-        total=run.num_steps,
+    primary = progress and jax.process_index() == 0
+    bar = progress_lib.bar(
+        run.num_steps,
         initial=start,
         desc=f"train {config.model.name}/{config.dataset.name}",
         unit="step",
-        disable=not progress or jax.process_index() != 0,
-        dynamic_ncols=True,
+        enabled=primary,
+        level=progress_level,
     )
+    eval_progress = progress_level if progress else None
 
     def stop(what: str) -> FloatingPointError:
         bar.close()
+        tb.close()
         err = _diverged(what, ckpt)
         ckpt.close()
         return err
@@ -184,6 +206,7 @@ def train_and_evaluate(
                 state, metrics = run.train(state, batch)
             except FloatingPointError:  # debug_nans named the operation
                 bar.close()
+                tb.close()
                 ckpt.close()
                 raise
             # Sums stay on device; the host reads them only when logging.
@@ -198,7 +221,9 @@ def train_and_evaluate(
                 acc = {}
                 logged["learning_rate"] = float(run.schedule(step))
                 writer.write(done, logged)
-                bar.set_postfix(loss=f"{logged.get('loss/total', float('nan')):.4f}")
+                tb.scalars(done, logged)
+                loss = logged.get("loss/total", float("nan"))
+                bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
                 bad = sorted(
                     k
                     for k, v in logged.items()
@@ -217,19 +242,25 @@ def train_and_evaluate(
                 and done % config.eval_every == 0
                 and done != run.num_steps
             ):
-                writer.write(done, run.evaluate(state, export=False))
+                evaluated = run.evaluate(state, export=False, progress=eval_progress)
+                writer.write(done, evaluated)
+                tb.scalars(done, evaluated)
             if preempt.stop_after(done) and done != run.num_steps:
                 ckpt.save(state, force=True)
                 ckpt.close()
                 bar.close()
+                tb.close()
                 logging.warning(
                     "SIGTERM: saved step %d and stopped; rerun to resume.", done
                 )
                 return {}
     bar.close()
     final_step = int(jax.device_get(state.step))
-    summary = run.evaluate(state, export=True)
+    summary = run.evaluate(state, export=True, progress=eval_progress)
     writer.write(final_step, summary)
+    tb.scalars(final_step, summary)
+    _reliability_image(tb, workdir, final_step)
+    tb.close()
     ckpt.save(state)
     ckpt.close()
     return summary

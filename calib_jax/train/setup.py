@@ -21,6 +21,7 @@ from ml_collections import ConfigDict
 
 from calib_jax import data as data_lib
 from calib_jax import losses, storage
+from calib_jax import progress as progress_lib
 from calib_jax.data import cache as cache_lib
 from calib_jax.data import pipeline
 from calib_jax.data._sources import SubsetSource
@@ -40,6 +41,7 @@ _RESUMABLE_KEYS = (
     "eval_batch_size",
     "debug_nans",
     "input",
+    "log",
 )
 
 
@@ -255,10 +257,16 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
 
     sets = eval_lib.eval_sets(config, dataset, shifts, ood)
 
-    def evaluate(state, *, export: bool) -> dict[str, float]:
-        results, logits = eval_lib.evaluate(
-            config, sets, steps.eval, state, put, splits
-        )
+    def evaluate(state, *, export: bool, progress: int | None = None) -> dict:
+        # progress: None shows nothing; else the bar's level (0, or 1 under
+        # the benchmark's cell bar).
+        show = progress is not None and jax.process_index() == 0
+        total = sum(len(s.source) for s in sets)
+        level = progress or 0
+        with progress_lib.Progress(total, enabled=show, level=level) as bar:
+            results, logits = eval_lib.evaluate(
+                config, sets, steps.eval, state, put, splits, progress=bar
+            )
         if export and jax.process_index() == 0:
             name = ood.name if ood is not None else ""
             eval_lib.export_logits(workdir / "logits", logits, name)

@@ -29,6 +29,8 @@ def tiny_config():
     c.train.shifts.corruptions = "gaussian_noise"
     c.train.shifts.severities = (1, 3)
     c.two_stage.num_steps = 12
+    c.log.tensorboard = True
+    c.report.methods = ("sb_ece",)
     return c
 
 
@@ -120,6 +122,37 @@ def test_outputs_and_report_recomputable_from_results(finished):
         f"two_stage - ce {100 * clean_diff:+.2f}"
         in mac["measured (paired difference, pp)"]
     )
+
+
+@pytest.mark.long
+def test_report_embeds_every_figure_and_tensorboard_holds_cells_and_figures(
+    finished,
+):
+    from _events import read_events
+
+    from calib_jax.tensorboard import tag
+
+    text = (finished / "report.md").read_text()
+    embedded = report.figures(text)
+    assert sorted(embedded) == sorted(p.name for p in finished.glob("*.png"))
+    assert {"ece_vs_severity.png", "ece_vs_severity_all.png"} <= set(embedded)
+    rows = [json.loads(ln) for ln in (finished / "results.jsonl").open()]
+    cell = [r for r in rows if (r["method"], r["seed"]) == ("sb_ece", 1)]
+    scalars, _ = read_events(str(finished / "tensorboard" / "sb_ece" / "seed1"))
+    for r in cell:
+        shift = "test" if r["shift"] == "clean" else r["shift"]
+        for m in ("ece", "accuracy", "nll"):
+            key = tag(f"{r['calibrator']}/{shift}/{m}")
+            assert scalars[(key, 0)] == np.float32(r[m])
+        curve = scalars[(tag(f"{r['calibrator']}/ece_vs_severity"), r["severity"])]
+        assert curve == np.float32(r["ece"])  # one corruption: the mean is it
+    _, images = read_events(str(finished / "tensorboard" / "report"))
+    assert sorted(images) == sorted((n.removesuffix(".png"), 0) for n in embedded)
+    # Each cell's training run wrote its own events (losses per logged step).
+    train_events, _ = read_events(
+        str(finished / "cells" / "ce" / "seed0" / "train" / "tensorboard")
+    )
+    assert ("loss/total", 24) in train_events and ("test/ece", 24) in train_events
 
 
 @pytest.mark.long
@@ -250,3 +283,15 @@ def test_report_has_ood_and_bootstrap_tables(finished):
     # A far-OOD set: tiles of photographs are easy to tell from digits.
     assert all(0.5 < r["ood_auroc"] <= 1.0 for r in clean)
     assert all(r["accuracy_lo"] <= r["accuracy"] <= r["accuracy_hi"] for r in clean)
+
+
+def test_severity_plot_methods_are_baseline_best_and_named_in_grid_order():
+    methods = ["ce", "focal", "acls", "sb_ece", "two_stage"]
+    assert report.highlighted(methods, "ce", "sb_ece", ("two_stage", "nope")) == [
+        "ce",
+        "sb_ece",
+        "two_stage",
+    ]
+    assert report.highlighted(methods, "ce", "ce", ()) == ["ce"]
+    text = "a ![x](one.png) b\n\n![y, z](two.png)\n[not](three.png)"
+    assert report.figures(text) == ["one.png", "two.png"]

@@ -227,3 +227,42 @@ def test_progress_writes_one_line_per_interval_off_a_terminal():
     assert lines[0].startswith("evaluate: 40/100 images (40%), test, ")
     assert "img/s, ETA" in lines[0] and "\r" not in stream.getvalue()
     assert lines[-1].startswith("evaluate: 100/100 images (100%), shift/contrast/1")
+
+
+def test_tensorboard_events_equal_the_jsonl_row_with_a_diagram_per_split(tmp_path):
+    from _events import read_events
+
+    keys = ["val", "test"] + [f"shift/contrast/{s}" for s in (1, 3)]
+    _logits_only_run(tmp_path / "run", keys)
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 7, "loss/total": 1}\n')
+    config = _digits_config("contrast", (1, 3))
+    config.log.tensorboard = True
+    got, out = evaluate.run(config, tmp_path / "run", from_logits=True, progress=False)
+    row = json.loads((Path(str(out)) / "metrics.jsonl").read_text())
+    scalars, images = read_events(str(Path(str(out)) / "tensorboard"))
+    assert row["step"] == 7 and "shift/contrast/3/ece" in got
+    assert scalars == {
+        (k, 7): np.float32(v) for k, v in row.items() if k not in ("step", "time")
+    }
+    assert sorted(images) == [("test/reliability", 7), ("val/reliability", 7)]
+    # The events are part of the evaluation: refused without --overwrite.
+    (Path(str(out)) / "metrics.json").unlink()
+    (Path(str(out)) / "metrics.jsonl").unlink()
+    with pytest.raises(
+        ValueError, match=r"already holds an evaluation \(.*tensorboard"
+    ):
+        evaluate.run(config, tmp_path / "run", from_logits=True, progress=False)
+
+
+def test_unwritable_tensorboard_dir_fails_before_evaluating(tmp_path):
+    _logits_only_run(tmp_path / "run", ["val", "test"])
+    (tmp_path / "f").write_text("")
+    config = _digits_config("none")
+    config.log.tensorboard = True
+    config.log.tensorboard_dir = str(tmp_path / "f")
+    with pytest.raises(ValueError) as err:
+        evaluate.run(config, tmp_path / "run", from_logits=True, progress=False)
+    text = str(err.value)
+    assert "\n" not in text
+    assert f"TensorBoard log directory {tmp_path / 'f' / 'evaluate'} is not" in text
+    assert not (tmp_path / "run" / "evaluate" / "metrics.jsonl").exists()

@@ -139,7 +139,13 @@ def test_workdir_of_another_config_is_refused_and_kept(tmp_path):
 @pytest.mark.parametrize(
     "config, message",
     [
-        ("nonexist.py", "No such file or directory"),
+        (
+            "nonexist.py",
+            (
+                "no such file and no shipped config of that name; shipped "
+                "configs: benchmark_cifar10, "
+            ),
+        ),
         ("digits_ce.py:foo=1", "Unknown config argument 'foo'"),
     ],
 )

@@ -1,0 +1,106 @@
+"""Progress bars: rate and ETA; outside a terminal one line per interval, no CR."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from calib_jax import progress
+
+LINE = re.compile(
+    r"^train: +(\d+)%\|[# 0-9]*\| +(\d+)/40 \[[0-9:]+<[0-9:?]+, +[0-9.?]+ ?"
+    r"(step/s|s/step)\]$"
+)
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_off_a_terminal_every_update_past_the_interval_is_one_line():
+    stream = io.StringIO()
+    with progress.bar(40, desc="train", unit="step", stream=stream, interval=0.0) as b:
+        for _ in range(4):
+            b.update(10)
+    text = stream.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert all(LINE.match(ln) for ln in lines), lines
+    done = [int(LINE.match(ln).group(2)) for ln in lines]
+    assert done[0] == 0 and done[-1] == 40 and done == sorted(done)
+    assert {10, 20, 30, 40} <= set(done)
+
+
+def test_off_a_terminal_a_long_interval_gives_only_the_first_and_last_lines():
+    stream = io.StringIO()
+    with progress.bar(40, desc="train", unit="step", stream=stream, interval=1e6) as b:
+        for _ in range(40):
+            b.update(1)
+    done = [int(LINE.match(ln).group(2)) for ln in stream.getvalue().splitlines()]
+    assert done == [0, 40]
+
+
+def test_a_nested_bar_on_a_terminal_is_drawn_below_and_removed():
+    stream = _Tty()
+    outer = progress.bar(2, desc="benchmark", unit="cell", stream=stream)
+    inner = progress.bar(40, desc="train", unit="step", stream=stream, level=1)
+    assert (abs(outer.pos), abs(inner.pos)) == (0, 1)
+    assert inner.leave is False and outer.leave is True
+    inner.update(40)
+    inner.close()
+    outer.close()
+    assert "\r" in stream.getvalue()  # redrawn in place
+
+
+def test_disabled_bar_writes_nothing():
+    stream = io.StringIO()
+    with progress.bar(5, desc="x", unit="it", stream=stream, enabled=False) as b:
+        b.update(5)
+        b.set_postfix_str("y")
+    assert stream.getvalue() == ""
+
+
+def test_training_off_a_terminal_logs_step_and_evaluation_lines_and_no_events(
+    tmp_path, monkeypatch
+):
+    from calib_jax.train.loop import train_and_evaluate
+    from configs import digits_ce
+
+    c = digits_ce.get_config()
+    c.num_steps, c.log_every = 6, 3
+    c.shifts.corruptions = "none"
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    monkeypatch.setattr(progress, "LOG_INTERVAL", 0.0)
+    train_and_evaluate(c, tmp_path / "run")
+    text = stream.getvalue()
+    assert "\r" not in text
+    steps = [ln for ln in text.splitlines() if ln.startswith("train mlp/digits:")]
+    assert steps and steps[-1].split("|")[2].strip().startswith("6/6")
+    assert all("step/s" in ln or "s/step" in ln for ln in steps)
+    evals = [ln for ln in text.splitlines() if ln.startswith("evaluate: ")]
+    assert evals and re.match(r"evaluate: (\d+)/\1 images \(100%\)", evals[-1])
+    assert "img/s, ETA" in evals[-1]
+    # TensorBoard is off by default: no event directory.
+    assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_nested_bars_off_a_terminal_write_plain_lines():
+    stream = io.StringIO()
+    outer = progress.bar(2, desc="benchmark", unit="cell", stream=stream, interval=0)
+    inner = progress.bar(3, desc="fits", unit="fit", stream=stream, level=1)
+    inner.update(3)
+    inner.close()
+    outer.update(1)
+    outer.close()
+    text = stream.getvalue()
+    assert "\x1b" not in text and "\r" not in text
+    lines = text.splitlines()
+    # Each bar's closing line repeats its last count and is skipped.
+    assert [ln.split("|")[0] for ln in lines] == [
+        "benchmark:   0%",
+        "fits:   0%",
+        "fits: 100%",
+        "benchmark:  50%",
+    ]

@@ -22,6 +22,7 @@ from calib_jax import losses, models, storage
 from calib_jax.benchmark import evaluate, grid, report
 from calib_jax.train import evaluate as train_eval
 from calib_jax.train import mesh as mesh_lib
+from calib_jax.train import setup as train_setup
 from calib_jax.train.loop import train_and_evaluate
 
 CONFIG_FILE = "benchmark_config.json"
@@ -81,7 +82,9 @@ def validate(config: ConfigDict, workdir: epath.Path) -> None:
     train_eval.resolve_shifts(config.train, dataset)
     train_eval.resolve_ood(config.train, dataset)
     for method in config.methods:
-        losses.composite(grid.train_config(config, method, 0, workdir).loss)
+        train_config = grid.train_config(config, method, 0, workdir)
+        train_setup.check_numbers(train_config)
+        losses.composite(train_config.loss)
     check_workdir(config, workdir)
 
 

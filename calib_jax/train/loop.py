@@ -78,6 +78,32 @@ class JsonlWriter:
         row.update({k: float(v) for k, v in values.items()})
         storage.append_text(self.path, json.dumps(row) + "\n")
 
+    def truncate_after(self, step: int) -> None:
+        """Drops the records of steps after ``step`` (and a torn last line).
+
+        Called on resume: a run killed after its last checkpoint logged steps
+        it will now log again. The file is rewritten whole, only when
+        something is dropped.
+        """
+        if jax.process_index() != 0 or not self.path.exists():
+            return
+        lines = self.path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if _step_of(line) is not None]
+        kept = [line for line in kept if _step_of(line) <= step]
+        if len(kept) != len(lines) or (kept and not kept[-1].endswith("\n")):
+            storage.write_text(self.path, "".join(kept))
+
+
+def _step_of(line: str) -> int | None:
+    """The step of one metrics.jsonl line; None when it is not a whole record."""
+    if not line.endswith("\n"):
+        return None  # the write of this line was cut short
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row.get("step") if isinstance(row, dict) else None
+
 
 def _accumulate(acc: dict, metrics: dict) -> dict:
     """Adds one step's metrics to the running sums (on device, no host sync).
@@ -152,6 +178,8 @@ def train_and_evaluate(
     else:
         start = int(jax.device_get(state.step))
         logging.info("Resumed from step %d in %s", start, workdir)
+    # Steps after the restored one run again: their old records go.
+    writer.truncate_after(start)
 
     summary = {}
     acc = {}
@@ -236,6 +264,18 @@ def train_and_evaluate(
 
 
 def load_jsonl(path: str | epath.PathLike) -> list[dict]:
-    """Reads a metrics.jsonl file (local or in an object store)."""
+    """Reads a metrics.jsonl file (local or in an object store), each record once.
+
+    A step has up to three records, each with its own keys (training
+    metrics, a periodic evaluation, the final evaluation). Logs of older runs
+    that were resumed after a crash can repeat a record; of records with the
+    same step and the same keys only the last is kept, in its place.
+    """
     text = storage.as_path(path).read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    last = {}
+    for i, row in enumerate(rows):
+        kind = tuple(sorted(k for k in row if k != "time"))
+        last[(row.get("step"), kind)] = i
+    keep = sorted(last.values())
+    return [rows[i] for i in keep]

@@ -47,11 +47,16 @@ def _resolved(config: ConfigDict) -> dict:
     return json.loads(config.to_json_best_effort())
 
 
-def check_workdir(config: ConfigDict, workdir: str | epath.PathLike) -> None:
-    """Writes ``config.json``, or checks that an existing one is the same run.
+def check_workdir(
+    config: ConfigDict, workdir: str | epath.PathLike, *, write: bool = True
+) -> None:
+    """Checks that ``workdir`` can hold this run; writes ``config.json`` if new.
 
     A ``gs://`` workdir is checked first: a malformed URL, a missing bucket or
-    an unreachable store is a one-line ``ValueError`` naming it.
+    an unreachable store is a one-line ``ValueError`` naming it. A workdir
+    that holds ``config.json`` must hold a run of the same config.
+    ``write=False`` only checks (nothing is created), so that every other
+    check can run before the workdir is touched.
     """
     workdir = storage.as_path(workdir, what="--workdir")
     storage.check_reachable(workdir, what="--workdir")
@@ -71,7 +76,7 @@ def check_workdir(config: ConfigDict, workdir: str | epath.PathLike) -> None:
                 f"{', '.join(diff)}); use a new --workdir or the same config."
             )
         return
-    if jax.process_index() == 0:
+    if write and jax.process_index() == 0:
         try:
             storage.make_dirs(workdir)
         except OSError as e:
@@ -117,6 +122,11 @@ def check_numbers(config: ConfigDict) -> None:
     for key in ("eval_every", "seed", "num_steps"):
         if config[key] < 0:
             raise ValueError(f"config.{key} must be >= 0, got {config[key]}.")
+    if not (config.num_steps > 0 or config.num_epochs > 0):  # NaN epochs fail too
+        raise ValueError(
+            "Set config.num_steps or config.num_epochs to a positive number, got "
+            f"num_steps={config.num_steps}, num_epochs={config.num_epochs}."
+        )
     o, s = config.optimizer, config.schedule
     checks = [
         ("optimizer.learning_rate", o.learning_rate, o.learning_rate > 0, "> 0"),
@@ -181,7 +191,9 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
         model = sharded_step.make_model(config, dataset.num_classes)
     shifts = eval_lib.resolve_shifts(config, dataset)
     ood = eval_lib.resolve_ood(config, dataset)
-    check_workdir(config, workdir)
+    # Refuses a workdir of another run now; config.json is written only once
+    # every check below has passed too, so a rejected config leaves no trace.
+    check_workdir(config, workdir, write=False)
 
     # ---- data sources and the step -> batch map --------------------------------
     # Each split is decoded once (calib_jax.data.cache); batches are gathered
@@ -254,6 +266,7 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
         return train(state, batch(step))
 
     sets = eval_lib.eval_sets(config, dataset, shifts, ood)
+    check_workdir(config, workdir)
 
     def evaluate(state, *, export: bool) -> dict[str, float]:
         results, logits = eval_lib.evaluate(

@@ -22,6 +22,25 @@ class DamagedCheckpoint(Exception):
     """A checkpoint whose bytes do not restore, or restore other numbers."""
 
 
+class CheckpointSaveError(OSError):
+    """Storage failed while a checkpoint was written; its message is one line."""
+
+
+class _NoOrbaxSaveErrors(logging.Filter):
+    """Drops Orbax's own error logs (a traceback each) of a failed save.
+
+    The failure is raised again, as one :class:`CheckpointSaveError`, by the
+    next call of the manager (save, wait or close), which is what reports it.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.levelno >= logging.ERROR
+            and "orbax" in record.pathname
+            and record.exc_info is not None
+        )
+
+
 def _reason(e: BaseException) -> str:
     """One short line for why a checkpoint did not restore."""
     if isinstance(e, DamagedCheckpoint):
@@ -45,13 +64,14 @@ class _NoLateReadErrors(logging.Filter):
 
 
 def _quiet_late_read_errors() -> None:
-    """Keeps the echoes of a failed restore off stderr (its one line says it all).
+    """Keeps the echoes of a failed read or write off stderr (one line says it all).
 
     When Orbax fails to read one array of a damaged checkpoint it stops
     waiting for the others; their reads end later on tensorstore's threads,
     which report them as unraisable exceptions (a traceback each) and through
     asyncio's "exception was never retrieved" log. Installed once a restore
-    failed; other unraisable exceptions still go to the previous hook.
+    failed, or a checkpointer is created (writes that fail leave the same);
+    other unraisable exceptions still go to the previous hook.
     """
     previous = sys.unraisablehook
     if getattr(previous, "_calib_jax_quiet", False):
@@ -204,6 +224,11 @@ class Checkpointer:
 
     def __init__(self, workdir: str | epath.PathLike, *, max_to_keep: int | None = 3):
         self.directory = storage.absolute(workdir) / "checkpoints"
+        self._saving = None  # the step of the save in flight, if any
+        self._quiet = _NoOrbaxSaveErrors()
+        logging.getLogger("absl").addFilter(self._quiet)  # Orbax logs through absl
+        # A failed write reports its in-flight siblings as soon as it fails.
+        _quiet_late_read_errors()
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -217,18 +242,34 @@ class Checkpointer:
             ),
         )
 
+    def _failed(self, step: int | None, e: BaseException) -> CheckpointSaveError:
+        _quiet_late_read_errors()  # writes still in flight report late, too
+        where = self.directory / str(step) if step is not None else self.directory
+        return CheckpointSaveError(
+            f"saving checkpoint {where} failed ({_reason(e)}); the run stopped. "
+            "Rerun the same command to resume from the last complete checkpoint."
+        )
+
     def save(self, state: TrainState, *, force: bool = False) -> None:
+        """Starts saving ``state`` as its step (done in the background).
+
+        Raises:
+          CheckpointSaveError: this save, or the previous one still in
+            flight, failed to write (one line naming the step's path).
+        """
         step = int(jax.device_get(state.step))
+        self.wait()  # the previous save's failure is named as its own
         if step in self.manager.all_steps():
             return
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                **{CHECKSUMS: ocp.args.JsonSave(checksums.digest(state))},
-            ),
-            force=force,
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            **{CHECKSUMS: ocp.args.JsonSave(checksums.digest(state))},
         )
+        self._saving = step
+        try:
+            self.manager.save(step, args=args, force=force)
+        except Exception as e:  # noqa: BLE001 - any storage error stops the run
+            raise self._failed(step, e) from e
 
     def restore_latest(self, abstract_state: TrainState) -> TrainState | None:
         """The newest intact checkpoint, or None when there is none.
@@ -274,8 +315,32 @@ class Checkpointer:
         self.manager.reload()
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Waits for the save in flight; CheckpointSaveError if it failed."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - any storage error stops the run
+            raise self._failed(self._saving, e) from e
+        self._saving = None
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        """Waits for the save in flight, then releases the manager.
+
+        Raises:
+          CheckpointSaveError: the save in flight failed (the manager is
+            released all the same).
+        """
+        try:
+            self.wait()
+        except CheckpointSaveError:
+            self.abandon()
+            raise
         self.manager.close()
+        logging.getLogger("absl").removeFilter(self._quiet)
+
+    def abandon(self) -> None:
+        """Releases the manager after a failure, raising nothing."""
+        try:
+            self.manager.close()
+        except Exception:  # noqa: BLE001, S110 - the failure was reported already
+            pass
+        logging.getLogger("absl").removeFilter(self._quiet)

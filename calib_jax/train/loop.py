@@ -18,7 +18,7 @@ from tqdm import tqdm
 from calib_jax import storage
 from calib_jax.data import prefetch
 from calib_jax.train import setup as setup_lib
-from calib_jax.train.checkpoint import Checkpointer
+from calib_jax.train.checkpoint import Checkpointer, CheckpointSaveError
 
 
 class _Preemption:
@@ -162,14 +162,25 @@ def train_and_evaluate(
     """Trains as ``config`` says, resuming from the latest checkpoint in ``workdir``.
 
     Everything that can be wrong with the config, the names in it or the
-    workdir is checked before any compute. ``progress=False`` hides the step
+    workdir is checked before any compute, and before anything is written
+    to the workdir. Storage that fails while a checkpoint is saved stops the
+    run with a :class:`~calib_jax.train.checkpoint.CheckpointSaveError`
+    naming the path; rerun to resume from the last complete checkpoint. ``progress=False`` hides the step
     bar (the benchmark shows one bar over its grid instead). Returns the final
     evaluation. ``workdir`` may be local or a ``gs://`` URL.
     """
     workdir = storage.as_path(workdir, what="--workdir")
     run = setup_lib.build(config, workdir)  # validates; raises ValueError
-    writer = JsonlWriter(workdir / "metrics.jsonl")
     ckpt = Checkpointer(workdir)
+    try:
+        return _train(config, workdir, run, ckpt, progress)
+    except CheckpointSaveError:
+        ckpt.abandon()  # storage failed mid-save; the error names the path
+        raise
+
+
+def _train(config, workdir, run, ckpt, progress) -> dict[str, float]:
+    writer = JsonlWriter(workdir / "metrics.jsonl")
 
     state = ckpt.restore_latest(run.abstract_state)
     if state is None:
@@ -205,7 +216,7 @@ def train_and_evaluate(
     feed = prefetch.Prefetcher(
         map(run.batch, range(start, run.num_steps)), config.input.prefetch
     )
-    with _Preemption() as preempt, debug_nans, feed:
+    with _Preemption() as preempt, debug_nans, feed, bar:  # bar: closed on errors
         for step in range(start, run.num_steps):
             batch = next(feed)
             try:

@@ -21,6 +21,13 @@ QUICK = (
 )
 
 
+def _one_line(stderr: str) -> str:
+    """The whole of a user error's stderr: exactly one line, no traceback."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
 def _final_logits(workdir):
     with np.load(workdir / "logits" / "test.npz") as f:
         return f["logits"], f["labels"]
@@ -111,25 +118,25 @@ def test_sigkill_then_rerun_resumes_and_matches_an_uninterrupted_run(tmp_path):
 )
 def test_bad_input_is_one_line_before_compute(tmp_path, overrides, message):
     result = _cli.run("digits_ce.py", tmp_path / "w", *overrides, num_devices=8)
-    assert result.returncode != 0
+    assert result.returncode == 2
+    assert _one_line(result.stderr).startswith("error: ")
     assert message in result.stderr
-    assert "Traceback" not in result.stderr
-    assert not (tmp_path / "w" / "checkpoints").exists()
+    assert not (tmp_path / "w").exists()  # not even config.json
 
 
 def test_config_typo_is_rejected(tmp_path):
     result = _cli.run("digits_ce.py", tmp_path, "--config.num_stepz=3")
-    assert result.returncode != 0
-    assert "num_stepz" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert result.returncode == 2
+    assert "num_stepz" in _one_line(result.stderr)
 
 
 def test_workdir_of_another_config_is_refused_and_kept(tmp_path):
     assert _cli.run("digits_ce.py", tmp_path, *QUICK).returncode == 0
     before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     result = _cli.run("digits_ce.py", tmp_path, *QUICK, "--config.seed=1")
-    assert result.returncode != 0
-    assert "different config" in result.stderr and "seed" in result.stderr
+    assert result.returncode == 2
+    line = _one_line(result.stderr)
+    assert "different config" in line and "seed" in line
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
 
 
@@ -143,6 +150,27 @@ def test_workdir_of_another_config_is_refused_and_kept(tmp_path):
 def test_unloadable_config_is_one_line(tmp_path, config, message):
     result = _cli.run(config, tmp_path)
     assert result.returncode == 2
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert message in _one_line(result.stderr)
+
+
+@pytest.mark.slow
+def test_rejected_config_leaves_the_workdir_and_the_corrected_command_runs(tmp_path):
+    """``--config.num_epochs=0`` used to write config.json before failing, and
+    the corrected command was then refused as a run of a different config."""
+    workdir = tmp_path / "w"
+    args = ("--config.shifts.corruptions=none", "--config.checkpoint_every=1")
+    bad = _cli.run("digits_ce.py", workdir, *args, "--config.num_epochs=0")
+    assert bad.returncode == 2
+    assert "Set config.num_steps or config.num_epochs" in _one_line(bad.stderr)
+    assert not workdir.exists()
+    # The same into a workdir that holds something else: left as it was.
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("mine")
+    bad = _cli.run("digits_ce.py", workdir, *args, "--config.num_epochs=0")
+    assert bad.returncode == 2
+    assert sorted(p.name for p in workdir.iterdir()) == ["notes.txt"]
+    good = _cli.run("digits_ce.py", workdir, *args, "--config.num_epochs=0.2")
+    assert good.returncode == 0, good.stderr[-2000:]
+    config = json.loads((workdir / "config.json").read_text())
+    assert config["num_epochs"] == 0.2
+    assert (workdir / "logits" / "test.npz").exists()

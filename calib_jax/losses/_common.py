@@ -49,7 +49,8 @@ def prepare(logits, labels, where=None):
         raise ValueError(f"labels must have shape [B], got shape {labels.shape}.")
     if logits.shape[1] < 2:
         raise ValueError(
-            f"logits must have at least 2 classes (K >= 2), got shape {logits.shape}."
+            f"logits must have at least 2 classes (K >= 2), got shape "
+            f"{logits.shape}."
         )
     if logits.shape[0] != labels.shape[0]:
         raise ValueError(

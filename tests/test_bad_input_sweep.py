@@ -565,7 +565,7 @@ def test_posthoc_cli_infinite_logits_are_one_line(tmp_path, capsys, sign, which)
         ({"num_epochs": float("nan")}, "num_epochs=nan"),
         (
             {"interleaved.enabled": True, "interleaved.holdout_fraction": 1e-9},
-            "holdout_fraction must be in (0, 1)",
+            "holdout_fraction leaves no example on one side",
         ),
     ],
 )
@@ -602,4 +602,37 @@ def test_benchmark_rejects_a_bad_train_config_before_writing(tmp_path):
     with pytest.raises(ValueError) as err:
         runner.validate(config, tmp_path / "w")
     assert "Set config.num_steps or config.num_epochs" in _one_line(err.value)
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize(
+    "method, field, value, message",
+    [
+        ("ce", "calibration_stats", "sometimes", "config.calibration_stats must be"),
+        ("sb_ece", "augment", "flip", "Unknown config.augment 'flip'"),
+        (
+            "interleaved_sb_ece",
+            "interleaved.holdout_fraction",
+            1.5,
+            "holdout_fraction must be in (0, 1), got 1.5",
+        ),
+    ],
+)
+def test_benchmark_checks_every_method_config_before_writing(
+    tmp_path, method, field, value, message
+):
+    from calib_jax.benchmark import grid, runner
+    from configs import benchmark_digits
+
+    assert method in grid.METHODS
+    config = benchmark_digits.get_config("quick")
+    config.methods = tuple(dict.fromkeys(("ce", method)))
+    *parents, leaf = f"train.{field}".split(".")
+    node = config
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    with pytest.raises(ValueError) as err:
+        runner.validate(config, tmp_path / "w")
+    assert message in _one_line(err.value)
     assert not (tmp_path / "w").exists()

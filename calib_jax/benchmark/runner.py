@@ -18,7 +18,7 @@ from ml_collections import ConfigDict
 from tqdm import tqdm
 
 from calib_jax import data as data_lib
-from calib_jax import losses, models, storage
+from calib_jax import models, storage
 from calib_jax.benchmark import evaluate, grid, report
 from calib_jax.train import evaluate as train_eval
 from calib_jax.train import mesh as mesh_lib
@@ -81,10 +81,8 @@ def validate(config: ConfigDict, workdir: epath.Path) -> None:
     mesh_lib.check_batch_size(config.train.batch_size, mesh_lib.data_mesh())
     train_eval.resolve_shifts(config.train, dataset)
     train_eval.resolve_ood(config.train, dataset)
-    for method in config.methods:
-        train_config = grid.train_config(config, method, 0, workdir)
-        train_setup.check_numbers(train_config)
-        losses.composite(train_config.loss)
+    for method in config.methods:  # every check of the trainer's that needs no data
+        train_setup.check_config(grid.train_config(config, method, 0, workdir), dataset)
     check_workdir(config, workdir)
 
 

@@ -163,26 +163,51 @@ def check_numbers(config: ConfigDict) -> None:
         )
 
 
-def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
-    """Validates ``config`` and returns the assembled run (no training yet)."""
-    workdir = storage.as_path(workdir, what="--workdir")
+def check_config(config: ConfigDict, dataset) -> None:
+    """Every check of ``config`` that needs neither the data nor a workdir.
+
+    Numbers, names (losses, model, augmentation, shifts, OOD set) and batch
+    sizes against the devices; what the benchmark runs for every method's
+    config before it writes anything. The two-stage method's stage-I workdir
+    is checked by :func:`build`.
+
+    Raises:
+      ValueError: one line naming the field, the value and the valid set.
+    """
     check_numbers(config)
     if config.calibration_stats not in CALIBRATION_STATS:
         raise ValueError(
             f"config.calibration_stats must be one of {', '.join(CALIBRATION_STATS)}, "
             f"got '{config.calibration_stats}'."
         )
-    dataset = data_lib.get_dataset(
-        config.dataset.name, data_dir=config.dataset.data_dir or None
-    )
     mesh = mesh_lib.data_mesh()
     mesh_lib.check_batch_size(config.batch_size, mesh)
     mesh_lib.check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
-    # Fail on a bad loss term, model or augmentation before touching the workdir.
     losses.composite(config.loss)
     if config.interleaved.enabled:
         losses.composite(config.interleaved.secondary)
+        if not 0 < config.interleaved.holdout_fraction < 1:  # NaN fails too
+            raise ValueError(
+                "config.interleaved.holdout_fraction must be in (0, 1), got "
+                f"{config.interleaved.holdout_fraction}."
+            )
     sharded_step.make_augment(config)
+    if not config.two_stage.enabled:
+        sharded_step.make_model(config, dataset.num_classes)
+    eval_lib.resolve_shifts(config, dataset)
+    eval_lib.resolve_ood(config, dataset)
+
+
+def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
+    """Validates ``config`` and returns the assembled run (no training yet)."""
+    workdir = storage.as_path(workdir, what="--workdir")
+    check_numbers(config)
+    dataset = data_lib.get_dataset(
+        config.dataset.name, data_dir=config.dataset.data_dir or None
+    )
+    # Fail on a bad loss term, model or augmentation before touching the workdir.
+    check_config(config, dataset)
+    mesh = mesh_lib.data_mesh()
     if config.two_stage.enabled:
         stage = two_stage.build_stage_two(config, dataset)  # validates stage-I dir
         model = None
@@ -210,7 +235,11 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
         order = np.random.default_rng(1234).permutation(len(train_source))
         n_hold = int(round(config.interleaved.holdout_fraction * len(order)))
         if not 0 < n_hold < len(order):
-            raise ValueError("config.interleaved.holdout_fraction must be in (0, 1).")
+            raise ValueError(
+                "config.interleaved.holdout_fraction leaves no example on one side "
+                f"of the {len(order)} training examples, got "
+                f"{config.interleaved.holdout_fraction}."
+            )
         major = SubsetSource(train_source, np.sort(order[n_hold:]))
         held = SubsetSource(train_source, np.sort(order[:n_hold]))
         major_steps, held_steps = math.ceil(len(major) / b), math.ceil(len(held) / b)

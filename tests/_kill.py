@@ -40,8 +40,8 @@ def kill_at_step(
 ) -> str:
     """Runs ``command`` and SIGKILLs it once ``metrics`` logs ``step`` or later.
 
-    With ``checkpoint``, it also waits for that step's checkpoint (in the
-    ``checkpoints`` directory beside ``metrics``) to be finished.
+    With ``checkpoint``, it also waits for a finished checkpoint of that step
+    or a later one (in the ``checkpoints`` directory beside ``metrics``).
 
     Returns:
       The run's stderr.
@@ -58,7 +58,10 @@ def kill_at_step(
             ckpts = metrics.parent / "checkpoints"
             while not (
                 any(s >= step for s in logged_steps(metrics))
-                and (checkpoint is None or checkpoint in finished_steps(ckpts))
+                and (
+                    checkpoint is None
+                    or any(c >= checkpoint for c in finished_steps(ckpts))
+                )
             ):
                 assert proc.poll() is None, f"the run ended before step {step}"
                 assert time.monotonic() < deadline, f"no step {step} in {timeout} s"

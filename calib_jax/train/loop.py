@@ -71,11 +71,22 @@ class JsonlWriter:
     def __init__(self, path: epath.PathLike):
         self.path = storage.as_path(path)
 
-    def write(self, step: int, values: dict) -> None:
+    def write(self, step: int, values: dict, *, replace: bool = False) -> None:
+        """Appends one record; ``replace``: drops an older one of its step and keys.
+
+        (A finished run that is run again evaluates its last step again.)
+        """
         if jax.process_index() != 0:
             return
         row = {"step": int(step), "time": round(time.time(), 3)}
         row.update({k: float(v) for k, v in values.items()})
+        if replace and self.path.exists():
+            kind = _kind(row)
+            lines = self.path.read_text().splitlines(keepends=True)
+            kept = [line for line in lines if not _same_record(line, row, kind)]
+            if len(kept) != len(lines):
+                storage.write_text(self.path, "".join(kept) + json.dumps(row) + "\n")
+                return
         storage.append_text(self.path, json.dumps(row) + "\n")
 
     def truncate_after(self, step: int) -> None:
@@ -92,6 +103,17 @@ class JsonlWriter:
         kept = [line for line in kept if _step_of(line) <= step]
         if len(kept) != len(lines) or (kept and not kept[-1].endswith("\n")):
             storage.write_text(self.path, "".join(kept))
+
+
+def _kind(row: dict) -> tuple:
+    """What tells records of one step apart: their keys (time aside)."""
+    return tuple(sorted(k for k in row if k != "time"))
+
+
+def _same_record(line: str, row: dict, kind: tuple) -> bool:
+    if _step_of(line) != row["step"]:
+        return False
+    return _kind(json.loads(line)) == kind
 
 
 def _step_of(line: str) -> int | None:
@@ -165,8 +187,9 @@ def train_and_evaluate(
     workdir is checked before any compute, and before anything is written
     to the workdir. Storage that fails while a checkpoint is saved stops the
     run with a :class:`~calib_jax.train.checkpoint.CheckpointSaveError`
-    naming the path; rerun to resume from the last complete checkpoint. ``progress=False`` hides the step
-    bar (the benchmark shows one bar over its grid instead). Returns the final
+    naming the path; rerun to resume from the last complete checkpoint.
+    ``progress=False`` hides the step bar (the benchmark shows one bar over
+    its grid instead). Returns the final
     evaluation. ``workdir`` may be local or a ``gs://`` URL.
     """
     workdir = storage.as_path(workdir, what="--workdir")
@@ -179,7 +202,13 @@ def train_and_evaluate(
         raise
 
 
-def _train(config, workdir, run, ckpt, progress) -> dict[str, float]:
+def _train(
+    config: ConfigDict,
+    workdir: epath.Path,
+    run: setup_lib.Run,
+    ckpt: Checkpointer,
+    progress: bool,
+) -> dict[str, float]:
     writer = JsonlWriter(workdir / "metrics.jsonl")
 
     state = ckpt.restore_latest(run.abstract_state)
@@ -268,7 +297,7 @@ def _train(config, workdir, run, ckpt, progress) -> dict[str, float]:
     bar.close()
     final_step = int(jax.device_get(state.step))
     summary = run.evaluate(state, export=True)
-    writer.write(final_step, summary)
+    writer.write(final_step, summary, replace=True)
     ckpt.save(state)
     ckpt.close()
     return summary
@@ -286,7 +315,6 @@ def load_jsonl(path: str | epath.PathLike) -> list[dict]:
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     last = {}
     for i, row in enumerate(rows):
-        kind = tuple(sorted(k for k in row if k != "time"))
-        last[(row.get("step"), kind)] = i
+        last[(row.get("step"), _kind(row))] = i
     keep = sorted(last.values())
     return [rows[i] for i in keep]

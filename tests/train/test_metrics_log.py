@@ -44,3 +44,19 @@ def test_load_jsonl_keeps_the_last_record_of_each_step_and_kind(tmp_path):
         (20, 0.31),
         (20, 0.21),
     ]
+
+
+def test_write_replace_drops_the_older_record_of_its_step_and_keys(tmp_path):
+    """A finished run run again evaluates its last step again: once in the log."""
+    path = tmp_path / "metrics.jsonl"
+    writer = loop.JsonlWriter(path)
+    writer.write(10, {"loss": 0.5})
+    writer.write(10, {"ece": 0.2}, replace=True)  # nothing to replace: appended
+    writer.write(10, {"ece": 0.3}, replace=True)
+    writer.write(10, {"loss": 0.4})  # no replace: appended
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["step"], r.get("loss", r.get("ece"))) for r in rows] == [
+        (10, 0.5),
+        (10, 0.3),
+        (10, 0.4),
+    ]

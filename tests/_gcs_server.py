@@ -18,9 +18,11 @@ saves its first checkpoint). This launcher adds what GCS does:
 Storage faults for tests: while the JSON file named by the environment
 variable ``CALIB_JAX_GCS_FAULTS`` exists, holding ``{"bucket": B, "prefix": P,
 "after": N, "status": S}``, media uploads to ``B`` of objects whose name
-starts with ``P`` get
-the HTTP status ``S`` (403: refused, not retried by clients) once ``N`` of
-them have succeeded.
+starts with ``P`` get the HTTP status ``S`` (403: refused, not retried by
+clients) once ``N`` of them have succeeded; with ``"stall_s": T`` instead of
+a status, the next one is answered (normally) only after ``T`` seconds,
+during which the server, which serves one request at a time, answers
+nothing else.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from http import HTTPStatus
 
 from gcp_storage_emulator import server
@@ -91,7 +94,7 @@ def get(request, response, storage, *args, **kwargs):
     return _get(request, response, storage, *args, **kwargs)
 
 
-_UPLOADS = {}  # media uploads that matched a fault rule's prefix, per prefix
+_UPLOADS = {}  # media uploads that matched a fault rule, per (bucket, prefix)
 
 
 def _fault(bucket: str, name: str | None) -> int | None:
@@ -103,11 +106,16 @@ def _fault(bucket: str, name: str | None) -> int | None:
         rule = json.load(f)
     if bucket != rule["bucket"] or not name.startswith(rule["prefix"]):
         return None
-    done = _UPLOADS.get(rule["prefix"], 0)
-    if done >= rule["after"]:
-        return int(rule["status"])
-    _UPLOADS[rule["prefix"]] = done + 1
-    return None
+    key = (bucket, rule["prefix"])
+    done = _UPLOADS.get(key, 0)
+    _UPLOADS[key] = done + 1
+    if done < rule["after"]:
+        return None
+    if "stall_s" in rule:
+        if done == rule["after"]:  # one upload hangs; the others pass
+            time.sleep(rule["stall_s"])
+        return None
+    return int(rule["status"])
 
 
 def insert(request, response, storage, *args, **kwargs):

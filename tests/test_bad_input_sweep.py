@@ -207,6 +207,10 @@ def test_posthoc_cli_unreadable_files_are_one_line(npz_files, capsys, val, messa
         ({"batch_size": -8}, "config.batch_size must be a positive int"),
         ({"log_every": 0}, "config.log_every must be a positive int"),
         ({"checkpoint_every": 0}, "config.checkpoint_every must be a positive int"),
+        (
+            {"checkpoint_timeout_s": 0},
+            "config.checkpoint_timeout_s must be a positive int",
+        ),
         ({"seed": -1}, "config.seed must be >= 0"),
         ({"num_steps": 0, "num_epochs": 0.0}, "num_steps or config.num_epochs"),
         ({"optimizer.learning_rate": -1.0}, "learning_rate must be > 0"),

@@ -57,7 +57,7 @@ def main(argv):
     except FloatingPointError as e:  # a training cell diverged
         fail(str(e), status=3)
     except CheckpointSaveError as e:  # storage failed mid-save; rerun resumes
-        fail(str(e), status=4)
+        fail(str(e), status=4, at_once=True)  # stalled writes may never end
     import jax  # already imported by the runner
 
     if jax.process_index() == 0:

@@ -55,7 +55,7 @@ def main(argv):
     except FloatingPointError as e:  # a diverged run (see calib_jax.train.loop)
         fail(str(e), status=3)
     except CheckpointSaveError as e:  # storage failed mid-save; rerun resumes
-        fail(str(e), status=4)
+        fail(str(e), status=4, at_once=True)  # stalled writes may never end
     import jax  # already imported by the loop
 
     if jax.process_index() != 0:

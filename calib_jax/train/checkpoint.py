@@ -220,9 +220,19 @@ class Checkpointer:
     through tensorstore and marks a finished step with ``commit_success.txt``
     (an object store has no atomic rename); unreadable steps are moved aside
     by copying their objects, then deleting them.
+
+    Storage that fails or stalls (``save_timeout_s``) during a save makes the
+    next :meth:`save`, :meth:`wait` or :meth:`close` raise
+    :class:`CheckpointSaveError`, one line naming the step's path.
     """
 
-    def __init__(self, workdir: str | epath.PathLike, *, max_to_keep: int | None = 3):
+    def __init__(
+        self,
+        workdir: str | epath.PathLike,
+        *,
+        max_to_keep: int | None = 3,
+        save_timeout_s: int = 1200,
+    ):
         self.directory = storage.absolute(workdir) / "checkpoints"
         self._saving = None  # the step of the save in flight, if any
         self._quiet = _NoOrbaxSaveErrors()
@@ -239,6 +249,9 @@ class Checkpointer:
                 # commit_success.txt, into which the next save of that step
                 # would write. Orbax deletes them here.
                 cleanup_tmp_directories=True,
+                # A save whose writes do not finish in time (stalled storage)
+                # fails, and the next save or wait reports it.
+                async_options=ocp.AsyncOptions(timeout_secs=int(save_timeout_s)),
             ),
         )
 
@@ -338,9 +351,12 @@ class Checkpointer:
         logging.getLogger("absl").removeFilter(self._quiet)
 
     def abandon(self) -> None:
-        """Releases the manager after a failure, raising nothing."""
+        """Releases the manager after a failure, raising nothing.
+
+        Orbax's own error logs stay filtered: its background threads may
+        still report the same failure until the process ends.
+        """
         try:
             self.manager.close()
         except Exception:  # noqa: BLE001, S110 - the failure was reported already
             pass
-        logging.getLogger("absl").removeFilter(self._quiet)

@@ -194,7 +194,9 @@ def train_and_evaluate(
     """
     workdir = storage.as_path(workdir, what="--workdir")
     run = setup_lib.build(config, workdir)  # validates; raises ValueError
-    ckpt = Checkpointer(workdir)
+    ckpt = Checkpointer(
+        workdir, save_timeout_s=config.get("checkpoint_timeout_s", 1200)
+    )
     try:
         return _train(config, workdir, run, ckpt, progress)
     except CheckpointSaveError:

@@ -37,6 +37,7 @@ _RESUMABLE_KEYS = (
     "log_every",
     "eval_every",
     "checkpoint_every",
+    "checkpoint_timeout_s",
     "eval_batch_size",
     "debug_nans",
     "input",
@@ -115,7 +116,13 @@ def _num_steps(config: ConfigDict, steps_per_epoch: int) -> int:
 
 def check_numbers(config: ConfigDict) -> None:
     """ValueError (one line, naming the field) for a number outside its domain."""
-    positive_ints = ("batch_size", "eval_batch_size", "log_every", "checkpoint_every")
+    positive_ints = (
+        "batch_size",
+        "eval_batch_size",
+        "log_every",
+        "checkpoint_every",
+        "checkpoint_timeout_s",
+    )
     for key in positive_ints:
         if not config[key] > 0:
             raise ValueError(f"config.{key} must be a positive int, got {config[key]}.")

@@ -1,10 +1,11 @@
-"""Storage that fails in the middle of a checkpoint save (GCS API emulator).
+"""Storage that fails or stalls in the middle of a checkpoint save (GCS emulator).
 
-The emulator refuses the uploads of one step's checkpoint after a few went
-through, so the save is left half-written in the bucket. The run must stop
-with one line naming the checkpoint's path; rerun, it resumes from the last
-complete step (the partial one is removed, never read) and ends where an
-uninterrupted run ends.
+After a few uploads of one step's checkpoint went through, the emulator
+refuses the rest, or hangs on the next one for longer than the run's
+``checkpoint_timeout_s``; either way the save is left half-written in the
+bucket. The run must stop with one line naming the checkpoint's path; rerun,
+it resumes from the last complete step (the partial one is removed, never
+read) and ends where an uninterrupted run ends.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ ARGS = (
     "--config.checkpoint_every=10",
     "--config.log_every=5",
     "--config.shifts.corruptions=none",
+    "--config.checkpoint_timeout_s=2",
 )
 # Lines on stderr that are neither ours nor an error: the progress bar and
 # tensorstore's C++ notices (the emulator's test token).
@@ -47,24 +49,38 @@ def _run(workdir, cwd):
     )
 
 
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """An uninterrupted run on the local disk."""
+    cwd = tmp_path_factory.mktemp("straight")
+    result = _run(cwd / "run", cwd)
+    assert result.returncode == 0, result.stderr[-2000:]
+    with np.load(cwd / "run" / "logits" / "test.npz") as f:
+        return f["logits"]
+
+
 @pytest.mark.slow
-def test_upload_failure_mid_save_stops_with_one_line_and_rerun_resumes(
-    gcs_emulator, gcs_bucket, tmp_path
+@pytest.mark.parametrize("fault", ["refused", "stalled"])
+def test_storage_fault_mid_save_stops_with_one_line_and_rerun_resumes(
+    gcs_emulator, gcs_bucket, tmp_path, straight, fault
 ):
     bucket = gcs_bucket[len("gs://") :]
     workdir = f"{gcs_bucket}/run"
-    straight = _run(tmp_path / "straight", tmp_path)
-    assert straight.returncode == 0, straight.stderr[-2000:]
-
-    # Step 20's save gets two uploads through, then every one is refused.
-    gcs_emulator.fail_uploads(f"{bucket}/run/checkpoints/20/", after=2)
+    # Step 20's save gets two uploads through; then the rest are refused, or
+    # the next one hangs 6 s (the run gives a save 2 s).
+    prefix = f"{bucket}/run/checkpoints/20/"
+    if fault == "refused":
+        gcs_emulator.fail_uploads(prefix, after=2)
+    else:
+        gcs_emulator.stall_uploads(prefix, after=2, seconds=6)
     failed = _run(workdir, tmp_path)
     gcs_emulator.heal()
     assert failed.returncode == 4, failed.stderr[-3000:]
     said = _messages(failed.stderr)
     assert len(said) == 1, said[:20]
     assert said[0].startswith(f"error: saving checkpoint {workdir}/checkpoints/20 ")
-    assert "Rerun the same command to resume" in said[0]
+    why = "Forbidden" if fault == "refused" else "TimeoutError"
+    assert why in said[0] and "Rerun the same command to resume" in said[0]
     names = gcs_emulator.objects(bucket, "run/checkpoints/")
     assert "run/checkpoints/10/commit_success.txt" in names
     partial = [n for n in names if n.startswith("run/checkpoints/20/")]
@@ -88,6 +104,4 @@ def test_upload_failure_mid_save_stops_with_one_line_and_rerun_resumes(
     assert not any(n.startswith("run/checkpoints_unreadable/") for n in names)
     assert "run/checkpoints/40/commit_success.txt" in names
     with np.load(io.BytesIO(gcs_emulator.read(bucket, "run/logits/test.npz"))) as f:
-        resumed = f["logits"]
-    with np.load(tmp_path / "straight" / "logits" / "test.npz") as f:
-        np.testing.assert_array_equal(resumed, f["logits"])
+        np.testing.assert_array_equal(f["logits"], straight)

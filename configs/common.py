@@ -99,6 +99,9 @@ def base() -> ml_collections.ConfigDict:
     c.log = ml_collections.ConfigDict({"tensorboard": False, "tensorboard_dir": ""})
     c.eval_every = 0  # 0 = only at the end
     c.checkpoint_every = 500
+    # Seconds a checkpoint save may take in the background before the run
+    # stops with an error naming it (storage that stalls); rerunning resumes.
+    c.checkpoint_timeout_s = 1200
     # A run whose loss or parameters turn non-finite stops with an error and
     # keeps its good checkpoints. True re-runs the step that made a NaN
     # operation by operation and names the operation (slow; for debugging).

@@ -19,6 +19,7 @@ inspect the bucket without the listing caches of the code under test.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -46,12 +47,14 @@ class Emulator:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(log_dir) / "gcs_emulator.log"
+        self.faults = Path(log_dir) / "faults.json"
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(_SERVER), str(self.port)],
                 cwd=log_dir,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env=dict(os.environ, CALIB_JAX_GCS_FAULTS=str(self.faults)),
             )
         deadline = time.monotonic() + START_TIMEOUT
         while True:
@@ -124,6 +127,30 @@ class Emulator:
         )
         with urllib.request.urlopen(request, timeout=10) as r:
             r.read()
+
+    def fail_uploads(self, prefix: str, *, after: int, status: int = 403) -> None:
+        """Refuses uploads under ``bucket/prefix`` with ``status`` after ``after`` more.
+
+        ``prefix`` is ``"<bucket>/<object name prefix>"``; only the uploads
+        that match count.
+        """
+        bucket, name = prefix.split("/", 1)
+        rule = {"bucket": bucket, "prefix": name, "after": after, "status": status}
+        self.faults.write_text(json.dumps(rule))
+
+    def stall_uploads(self, prefix: str, *, after: int, seconds: float) -> None:
+        """After ``after`` uploads under ``bucket/prefix``, the next hangs ``seconds``.
+
+        The server answers one request at a time: while it hangs, every
+        client of the emulator waits. Later uploads pass.
+        """
+        bucket, name = prefix.split("/", 1)
+        rule = {"bucket": bucket, "prefix": name, "after": after, "stall_s": seconds}
+        self.faults.write_text(json.dumps(rule))
+
+    def heal(self) -> None:
+        """Ends the fault of :meth:`fail_uploads`."""
+        self.faults.unlink(missing_ok=True)
 
     def stop(self) -> None:
         """Ends the emulator (SIGTERM, then SIGKILL after 10 s)."""

@@ -14,11 +14,23 @@ saves its first checkpoint). This launcher adds what GCS does:
 - ``ifGenerationMatch`` / ``ifGenerationNotMatch`` on object reads (412 / 304)
   and ``ifGenerationMatch`` on media uploads (412; 0 means "must not exist");
 - ``x-goog-generation`` and ``x-goog-metageneration`` on object data.
+
+Storage faults for tests: while the JSON file named by the environment
+variable ``CALIB_JAX_GCS_FAULTS`` exists, holding ``{"bucket": B, "prefix": P,
+"after": N, "status": S}``, media uploads to ``B`` of objects whose name
+starts with ``P`` get the HTTP status ``S`` (403: refused, not retried by
+clients) once ``N`` of them have succeeded; with ``"stall_s": T`` instead of
+a status, the next one is answered (normally) only after ``T`` seconds,
+during which the server, which serves one request at a time, answers
+nothing else.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import time
 from http import HTTPStatus
 
 from gcp_storage_emulator import server
@@ -82,8 +94,38 @@ def get(request, response, storage, *args, **kwargs):
     return _get(request, response, storage, *args, **kwargs)
 
 
+_UPLOADS = {}  # media uploads that matched a fault rule, per (bucket, prefix)
+
+
+def _fault(bucket: str, name: str | None) -> int | None:
+    """The status a fault rule gives this upload, or None."""
+    path = os.environ.get("CALIB_JAX_GCS_FAULTS")
+    if not path or name is None or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        rule = json.load(f)
+    if bucket != rule["bucket"] or not name.startswith(rule["prefix"]):
+        return None
+    key = (bucket, rule["prefix"])
+    done = _UPLOADS.get(key, 0)
+    _UPLOADS[key] = done + 1
+    if done < rule["after"]:
+        return None
+    if "stall_s" in rule:
+        if done == rule["after"]:  # one upload hangs; the others pass
+            time.sleep(rule["stall_s"])
+        return None
+    return int(rule["status"])
+
+
 def insert(request, response, storage, *args, **kwargs):
     match, name = _arg(request, "ifGenerationMatch"), _arg(request, "name")
+    media = _arg(request, "uploadType") == "media"
+    status = _fault(request.params["bucket_name"], name) if media else None
+    if status is not None:
+        request.data  # consume the body before answering  # noqa: B018
+        response.status = HTTPStatus(status)
+        return None
     if (
         match is not None
         and name is not None

@@ -207,6 +207,10 @@ def test_posthoc_cli_unreadable_files_are_one_line(npz_files, capsys, val, messa
         ({"batch_size": -8}, "config.batch_size must be a positive int"),
         ({"log_every": 0}, "config.log_every must be a positive int"),
         ({"checkpoint_every": 0}, "config.checkpoint_every must be a positive int"),
+        (
+            {"checkpoint_timeout_s": 0},
+            "config.checkpoint_timeout_s must be a positive int",
+        ),
         ({"seed": -1}, "config.seed must be >= 0"),
         ({"num_steps": 0, "num_epochs": 0.0}, "num_steps or config.num_epochs"),
         ({"optimizer.learning_rate": -1.0}, "learning_rate must be > 0"),
@@ -248,7 +252,7 @@ def test_bad_config_values_are_one_line_value_errors(tmp_path, overrides, messag
     with pytest.raises(ValueError) as err:
         setup.build(config, tmp_path / "w")
     assert message in _one_line(err.value)
-    assert not (tmp_path / "w" / "checkpoints").exists()
+    assert not (tmp_path / "w").exists()  # nothing written, config.json included
 
 
 def test_train_cli_user_errors_are_one_line(tmp_path):
@@ -513,3 +517,137 @@ def test_train_cli_missing_bucket_is_one_line(gcs_emulator, tmp_path):
     )
     assert list(cwd.iterdir()) == []
     assert "no-such-bucket" not in gcs_emulator.buckets()
+
+
+# ---------------------------------------------------------------------------
+# +inf and -inf (not only NaN): post-hoc fits, the post-hoc CLI, metrics.
+# ---------------------------------------------------------------------------
+
+INFINITIES = {"+inf": np.inf, "-inf": -np.inf}
+
+
+@pytest.mark.parametrize("sign", sorted(INFINITIES))
+@pytest.mark.parametrize("name", sorted(posthoc.CALIBRATORS))
+def test_every_calibrator_rejects_infinite_logits(name, sign):
+    binary = name in ("platt", "beta")
+    logits = (LOGITS[:, :2] if binary else LOGITS).copy()
+    labels = LABELS % 2 if binary else LABELS
+    logits[5, 1] = INFINITIES[sign]
+    with pytest.raises(ValueError) as err:
+        posthoc.fit(name, logits, labels)
+    assert "logits contain NaN/inf values in 1 row(s) (first at row 5)" in _one_line(
+        err.value
+    )
+
+
+@pytest.mark.parametrize("sign", sorted(INFINITIES))
+@pytest.mark.parametrize("name", sorted(metrics.METRICS))
+def test_every_metric_rejects_infinite_probabilities(name, sign):
+    options = {"risk_at_coverage": {"coverage": 0.5}, "coverage_at_risk": {"risk": 0.1}}
+    probs = np.asarray(jax.nn.softmax(LOGITS), np.float32).copy()
+    probs[3, 1] = INFINITIES[sign]
+    with pytest.raises(ValueError) as err:
+        metrics.get_metric(name)(probs, LABELS, **options.get(name, {}))
+    assert "probs contains NaN or inf in 1 row(s)" in _one_line(err.value)
+
+
+@pytest.mark.parametrize("which", ["--val", "--test"])
+@pytest.mark.parametrize("sign", sorted(INFINITIES))
+def test_posthoc_cli_infinite_logits_are_one_line(tmp_path, capsys, sign, which):
+    bad = LOGITS.copy()
+    bad[7, 2] = INFINITIES[sign]
+    np.savez(tmp_path / "good.npz", logits=LOGITS, labels=LABELS)
+    np.savez(tmp_path / "bad.npz", logits=bad, labels=LABELS)
+    files = {"--val": "good.npz", "--test": "good.npz", which: "bad.npz"}
+    args = [a for flag, name in files.items() for a in (flag, str(tmp_path / name))]
+    code = posthoc_cli.main([*args, "--method", "ts", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2
+    line = _one_line(err)
+    assert which in line and "NaN/inf values in 1 row(s) (first at row 7)" in line
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------
+# A rejected config leaves the workdir as it was (train and benchmark).
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"num_epochs": 0.0}, "Set config.num_steps or config.num_epochs"),
+        ({"num_epochs": float("nan")}, "num_epochs=nan"),
+        (
+            {"interleaved.enabled": True, "interleaved.holdout_fraction": 1e-9},
+            "holdout_fraction leaves no example on one side",
+        ),
+    ],
+)
+def test_rejected_config_writes_nothing_and_keeps_an_existing_workdir(
+    tmp_path, overrides, message
+):
+    config = digits_ce.get_config()
+    config.num_steps = 2
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        node = config
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    if "num_epochs" in overrides:
+        config.num_steps = 0
+    with pytest.raises(ValueError) as err:
+        setup.build(config, tmp_path / "new")
+    assert message in _one_line(err.value)
+    assert not (tmp_path / "new").exists()
+    # An existing, empty workdir stays empty.
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError):
+        setup.build(config, tmp_path / "empty")
+    assert not any((tmp_path / "empty").iterdir())
+
+
+def test_benchmark_rejects_a_bad_train_config_before_writing(tmp_path):
+    from calib_jax.benchmark import runner
+    from configs import benchmark_digits
+
+    config = benchmark_digits.get_config("quick")
+    config.train.num_steps, config.train.num_epochs = 0, 0.0
+    with pytest.raises(ValueError) as err:
+        runner.validate(config, tmp_path / "w")
+    assert "Set config.num_steps or config.num_epochs" in _one_line(err.value)
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize(
+    "method, field, value, message",
+    [
+        ("ce", "calibration_stats", "sometimes", "config.calibration_stats must be"),
+        ("sb_ece", "augment", "flip", "Unknown config.augment 'flip'"),
+        (
+            "interleaved_sb_ece",
+            "interleaved.holdout_fraction",
+            1.5,
+            "holdout_fraction must be in (0, 1), got 1.5",
+        ),
+    ],
+)
+def test_benchmark_checks_every_method_config_before_writing(
+    tmp_path, method, field, value, message
+):
+    from calib_jax.benchmark import grid, runner
+    from configs import benchmark_digits
+
+    assert method in grid.METHODS
+    config = benchmark_digits.get_config("quick")
+    config.methods = tuple(dict.fromkeys(("ce", method)))
+    *parents, leaf = f"train.{field}".split(".")
+    node = config
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    with pytest.raises(ValueError) as err:
+        runner.validate(config, tmp_path / "w")
+    assert message in _one_line(err.value)
+    assert not (tmp_path / "w").exists()

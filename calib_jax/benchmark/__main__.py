@@ -9,7 +9,9 @@ status 2 before any compute. Multi-host: the same command on every host with
 runs every cell (the train steps span all devices), process 0 writes the rows
 and the report, and the workdir must be on storage all hosts share (a
 ``gs://`` bucket, NFS). A malformed or unreachable ``gs://`` workdir is one
-line, exit status 2, before any compute.
+line, exit status 2, before any compute. Storage that fails while a cell's
+checkpoint is saved is one line naming the path, exit status 4; rerunning
+resumes.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     del argv
     from calib_jax.benchmark.runner import run  # after flag parsing
+    from calib_jax.train.checkpoint import CheckpointSaveError
 
     # absl shows INFO records of every library; fsspec logs one per remote read.
     for name in ("absl", "fsspec"):
@@ -53,6 +56,8 @@ def main(argv):
         fail(str(e))
     except FloatingPointError as e:  # a training cell diverged
         fail(str(e), status=3)
+    except CheckpointSaveError as e:  # storage failed mid-save; rerun resumes
+        fail(str(e), status=4, at_once=True)  # stalled writes may never end
     import jax  # already imported by the runner
 
     if jax.process_index() == 0:

@@ -17,11 +17,12 @@ from etils import epath
 from ml_collections import ConfigDict
 
 from calib_jax import data as data_lib
-from calib_jax import losses, models, storage, tensorboard
+from calib_jax import models, storage, tensorboard
 from calib_jax import progress as progress_lib
 from calib_jax.benchmark import evaluate, events, grid, report
 from calib_jax.train import evaluate as train_eval
 from calib_jax.train import mesh as mesh_lib
+from calib_jax.train import setup as train_setup
 from calib_jax.train.loop import train_and_evaluate
 
 CONFIG_FILE = "benchmark_config.json"
@@ -85,8 +86,8 @@ def validate(config: ConfigDict, workdir: epath.Path) -> None:
     mesh_lib.check_batch_size(config.train.batch_size, mesh_lib.data_mesh())
     train_eval.resolve_shifts(config.train, dataset)
     train_eval.resolve_ood(config.train, dataset)
-    for method in config.methods:
-        losses.composite(grid.train_config(config, method, 0, workdir).loss)
+    for method in config.methods:  # every check of the trainer's that needs no data
+        train_setup.check_config(grid.train_config(config, method, 0, workdir), dataset)
     check_workdir(config, workdir)
     if tensorboard.enabled(config):
         tensorboard.check_writable(events.root(workdir))

@@ -9,6 +9,7 @@ directory. See ``docs/data.md`` for the one-time preparation.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Callable
 
@@ -241,9 +242,19 @@ def _build_hint(name: str, data_dir: str | None) -> str:
     )
 
 
+class _NoVariantFolderNotice(logging.Filter):
+    """Drops tfds's warnings about incomplete build folders (the error names them)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Variant folder ")
+
+
 def _open_tfds(name: str, split: str, data_dir: str | None) -> Source:
     import tensorflow_datasets as tfds  # ~0.5 s; only CIFAR needs it
 
+    quiet = _NoVariantFolderNotice()
+    logger = logging.getLogger("absl")  # tfds logs through absl
+    logger.addFilter(quiet)
     try:
         source = tfds.data_source(
             name, split=split, data_dir=_tfds_dir(data_dir), download=False
@@ -254,6 +265,8 @@ def _open_tfds(name: str, split: str, data_dir: str | None) -> Source:
             f"{_tfds_dir(data_dir)} (tfds raised {type(err).__name__}).\n"
             + _build_hint(name.split("/")[0], data_dir)
         ) from err
+    finally:
+        logger.removeFilter(quiet)
     return TfdsSource(source, data_dir=_tfds_dir(data_dir))
 
 

@@ -7,7 +7,9 @@ Multi-host: run the same command on every host with ``--coordinator_address``,
 User errors (a config typo, an unknown name, a bad workdir) end the run with one
 line on stderr and exit code 2, before any compute starts. A run that diverges
 (non-finite loss or parameters) ends with one line and exit code 3; its good
-checkpoints are kept.
+checkpoints are kept. Storage that fails while a checkpoint is saved ends
+the run with one line naming the checkpoint's path and exit code 4; rerunning
+the same command resumes from the last complete checkpoint.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     del argv
-    from calib_jax.train.loop import train_and_evaluate  # after flag parsing
+    from calib_jax.train.checkpoint import CheckpointSaveError  # after flag parsing
+    from calib_jax.train.loop import train_and_evaluate
 
     # absl shows INFO records of every library; fsspec logs one per remote read.
     for name in ("absl", "fsspec"):
@@ -51,6 +54,8 @@ def main(argv):
         fail(str(e))
     except FloatingPointError as e:  # a diverged run (see calib_jax.train.loop)
         fail(str(e), status=3)
+    except CheckpointSaveError as e:  # storage failed mid-save; rerun resumes
+        fail(str(e), status=4, at_once=True)  # stalled writes may never end
     import jax  # already imported by the loop
 
     if jax.process_index() != 0:

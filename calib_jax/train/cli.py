@@ -9,6 +9,7 @@ directory after ``pip install``.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -73,12 +74,13 @@ def _with_resolved_config(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def fail(message: str, status: int = 2) -> None:
+def fail(message: str, status: int = 2, *, at_once: bool = False) -> None:
     """Prints a one-line error and exits with ``status`` (2: a user error).
 
     A message that carries a traceback (a config file that raised) is cut to its
     last line, which names the actual problem; other multi-line messages are
-    joined into one line.
+    joined into one line. ``at_once`` ends the process without waiting for
+    its other threads (writes to a storage that stalled may never return).
     """
     lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
     if any(ln.startswith("Traceback") for ln in lines):
@@ -86,6 +88,10 @@ def fail(message: str, status: int = 2) -> None:
     else:
         line = " ".join(lines) or "unknown error"
     print(f"error: {line}", file=sys.stderr)
+    if at_once:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
     sys.exit(status)
 
 

@@ -18,7 +18,7 @@ from calib_jax import progress as progress_lib
 from calib_jax import storage, tensorboard
 from calib_jax.data import prefetch
 from calib_jax.train import setup as setup_lib
-from calib_jax.train.checkpoint import Checkpointer
+from calib_jax.train.checkpoint import Checkpointer, CheckpointSaveError
 
 
 class _Preemption:
@@ -71,12 +71,60 @@ class JsonlWriter:
     def __init__(self, path: epath.PathLike):
         self.path = storage.as_path(path)
 
-    def write(self, step: int, values: dict) -> None:
+    def write(self, step: int, values: dict, *, replace: bool = False) -> None:
+        """Appends one record; ``replace``: drops an older one of its step and keys.
+
+        (A finished run that is run again evaluates its last step again.)
+        """
         if jax.process_index() != 0:
             return
         row = {"step": int(step), "time": round(time.time(), 3)}
         row.update({k: float(v) for k, v in values.items()})
+        if replace and self.path.exists():
+            kind = _kind(row)
+            lines = self.path.read_text().splitlines(keepends=True)
+            kept = [line for line in lines if not _same_record(line, row, kind)]
+            if len(kept) != len(lines):
+                storage.write_text(self.path, "".join(kept) + json.dumps(row) + "\n")
+                return
         storage.append_text(self.path, json.dumps(row) + "\n")
+
+    def truncate_after(self, step: int) -> None:
+        """Drops the records of steps after ``step`` (and a torn last line).
+
+        Called on resume: a run killed after its last checkpoint logged steps
+        it will now log again. The file is rewritten whole, only when
+        something is dropped.
+        """
+        if jax.process_index() != 0 or not self.path.exists():
+            return
+        lines = self.path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if _step_of(line) is not None]
+        kept = [line for line in kept if _step_of(line) <= step]
+        if len(kept) != len(lines) or (kept and not kept[-1].endswith("\n")):
+            storage.write_text(self.path, "".join(kept))
+
+
+def _kind(row: dict) -> tuple:
+    """What tells records of one step apart: their keys (time aside)."""
+    return tuple(sorted(k for k in row if k != "time"))
+
+
+def _same_record(line: str, row: dict, kind: tuple) -> bool:
+    if _step_of(line) != row["step"]:
+        return False
+    return _kind(json.loads(line)) == kind
+
+
+def _step_of(line: str) -> int | None:
+    """The step of one metrics.jsonl line; None when it is not a whole record."""
+    if not line.endswith("\n"):
+        return None  # the write of this line was cut short
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row.get("step") if isinstance(row, dict) else None
 
 
 def _accumulate(acc: dict, metrics: dict) -> dict:
@@ -152,16 +200,38 @@ def train_and_evaluate(
 
     Everything that can be wrong with the config, the names in it or the
     workdir (and the TensorBoard log directory of ``config.log``) is checked
-    before any compute. ``progress=False`` hides the bars of the steps and of
-    the evaluation; ``progress_level=1`` draws them under an outer bar (the
-    benchmark's cell bar). Returns the final evaluation. ``workdir`` may be
-    local or a ``gs://`` URL.
+    before any compute, and before anything is written to the workdir.
+    Storage that fails while a checkpoint is saved stops the run with a
+    :class:`~calib_jax.train.checkpoint.CheckpointSaveError` naming the path;
+    rerun to resume from the last complete checkpoint. ``progress=False``
+    hides the bars of the steps and of the evaluation; ``progress_level=1``
+    draws them under an outer bar (the benchmark's cell bar). Returns the
+    final evaluation. ``workdir`` may be local or a ``gs://`` URL.
     """
     workdir = storage.as_path(workdir, what="--workdir")
     run = setup_lib.build(config, workdir)  # validates; raises ValueError
     tb = tensorboard.from_config(config, workdir)  # raises ValueError
+    ckpt = Checkpointer(
+        workdir, save_timeout_s=config.get("checkpoint_timeout_s", 1200)
+    )
+    try:
+        return _train(config, workdir, run, ckpt, tb, progress, progress_level)
+    except CheckpointSaveError:
+        tb.close()
+        ckpt.abandon()  # storage failed mid-save; the error names the path
+        raise
+
+
+def _train(
+    config: ConfigDict,
+    workdir: epath.Path,
+    run: setup_lib.Run,
+    ckpt: Checkpointer,
+    tb,
+    progress: bool,
+    progress_level: int,
+) -> dict[str, float]:
     writer = JsonlWriter(workdir / "metrics.jsonl")
-    ckpt = Checkpointer(workdir)
 
     state = ckpt.restore_latest(run.abstract_state)
     if state is None:
@@ -171,6 +241,8 @@ def train_and_evaluate(
         start = int(jax.device_get(state.step))
         logging.info("Resumed from step %d in %s", start, workdir)
         tb.resume_at(start + 1)  # the steps after the checkpoint are rerun
+    # Steps after the restored one run again: their old records go.
+    writer.truncate_after(start)
 
     summary = {}
     acc = {}
@@ -199,7 +271,7 @@ def train_and_evaluate(
     feed = prefetch.Prefetcher(
         map(run.batch, range(start, run.num_steps)), config.input.prefetch
     )
-    with _Preemption() as preempt, debug_nans, feed:
+    with _Preemption() as preempt, debug_nans, feed, bar:  # bar: closed on errors
         for step in range(start, run.num_steps):
             batch = next(feed)
             try:
@@ -257,7 +329,7 @@ def train_and_evaluate(
     bar.close()
     final_step = int(jax.device_get(state.step))
     summary = run.evaluate(state, export=True, progress=eval_progress)
-    writer.write(final_step, summary)
+    writer.write(final_step, summary, replace=True)
     tb.scalars(final_step, summary)
     _reliability_image(tb, workdir, final_step)
     tb.close()
@@ -267,6 +339,17 @@ def train_and_evaluate(
 
 
 def load_jsonl(path: str | epath.PathLike) -> list[dict]:
-    """Reads a metrics.jsonl file (local or in an object store)."""
+    """Reads a metrics.jsonl file (local or in an object store), each record once.
+
+    A step has up to three records, each with its own keys (training
+    metrics, a periodic evaluation, the final evaluation). Logs of older runs
+    that were resumed after a crash can repeat a record; of records with the
+    same step and the same keys only the last is kept, in its place.
+    """
     text = storage.as_path(path).read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    last = {}
+    for i, row in enumerate(rows):
+        last[(row.get("step"), _kind(row))] = i
+    keep = sorted(last.values())
+    return [rows[i] for i in keep]

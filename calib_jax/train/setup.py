@@ -38,6 +38,7 @@ _RESUMABLE_KEYS = (
     "log_every",
     "eval_every",
     "checkpoint_every",
+    "checkpoint_timeout_s",
     "eval_batch_size",
     "debug_nans",
     "input",
@@ -49,11 +50,16 @@ def _resolved(config: ConfigDict) -> dict:
     return json.loads(config.to_json_best_effort())
 
 
-def check_workdir(config: ConfigDict, workdir: str | epath.PathLike) -> None:
-    """Writes ``config.json``, or checks that an existing one is the same run.
+def check_workdir(
+    config: ConfigDict, workdir: str | epath.PathLike, *, write: bool = True
+) -> None:
+    """Checks that ``workdir`` can hold this run; writes ``config.json`` if new.
 
     A ``gs://`` workdir is checked first: a malformed URL, a missing bucket or
-    an unreachable store is a one-line ``ValueError`` naming it.
+    an unreachable store is a one-line ``ValueError`` naming it. A workdir
+    that holds ``config.json`` must hold a run of the same config.
+    ``write=False`` only checks (nothing is created), so that every other
+    check can run before the workdir is touched.
     """
     workdir = storage.as_path(workdir, what="--workdir")
     storage.check_reachable(workdir, what="--workdir")
@@ -73,7 +79,7 @@ def check_workdir(config: ConfigDict, workdir: str | epath.PathLike) -> None:
                 f"{', '.join(diff)}); use a new --workdir or the same config."
             )
         return
-    if jax.process_index() == 0:
+    if write and jax.process_index() == 0:
         try:
             storage.make_dirs(workdir)
         except OSError as e:
@@ -112,13 +118,24 @@ def _num_steps(config: ConfigDict, steps_per_epoch: int) -> int:
 
 def check_numbers(config: ConfigDict) -> None:
     """ValueError (one line, naming the field) for a number outside its domain."""
-    positive_ints = ("batch_size", "eval_batch_size", "log_every", "checkpoint_every")
+    positive_ints = (
+        "batch_size",
+        "eval_batch_size",
+        "log_every",
+        "checkpoint_every",
+        "checkpoint_timeout_s",
+    )
     for key in positive_ints:
         if not config[key] > 0:
             raise ValueError(f"config.{key} must be a positive int, got {config[key]}.")
     for key in ("eval_every", "seed", "num_steps"):
         if config[key] < 0:
             raise ValueError(f"config.{key} must be >= 0, got {config[key]}.")
+    if not (config.num_steps > 0 or config.num_epochs > 0):  # NaN epochs fail too
+        raise ValueError(
+            "Set config.num_steps or config.num_epochs to a positive number, got "
+            f"num_steps={config.num_steps}, num_epochs={config.num_epochs}."
+        )
     o, s = config.optimizer, config.schedule
     checks = [
         ("optimizer.learning_rate", o.learning_rate, o.learning_rate > 0, "> 0"),
@@ -155,26 +172,51 @@ def check_numbers(config: ConfigDict) -> None:
         )
 
 
-def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
-    """Validates ``config`` and returns the assembled run (no training yet)."""
-    workdir = storage.as_path(workdir, what="--workdir")
+def check_config(config: ConfigDict, dataset) -> None:
+    """Every check of ``config`` that needs neither the data nor a workdir.
+
+    Numbers, names (losses, model, augmentation, shifts, OOD set) and batch
+    sizes against the devices; what the benchmark runs for every method's
+    config before it writes anything. The two-stage method's stage-I workdir
+    is checked by :func:`build`.
+
+    Raises:
+      ValueError: one line naming the field, the value and the valid set.
+    """
     check_numbers(config)
     if config.calibration_stats not in CALIBRATION_STATS:
         raise ValueError(
             f"config.calibration_stats must be one of {', '.join(CALIBRATION_STATS)}, "
             f"got '{config.calibration_stats}'."
         )
-    dataset = data_lib.get_dataset(
-        config.dataset.name, data_dir=config.dataset.data_dir or None
-    )
     mesh = mesh_lib.data_mesh()
     mesh_lib.check_batch_size(config.batch_size, mesh)
     mesh_lib.check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
-    # Fail on a bad loss term, model or augmentation before touching the workdir.
     losses.composite(config.loss)
     if config.interleaved.enabled:
         losses.composite(config.interleaved.secondary)
+        if not 0 < config.interleaved.holdout_fraction < 1:  # NaN fails too
+            raise ValueError(
+                "config.interleaved.holdout_fraction must be in (0, 1), got "
+                f"{config.interleaved.holdout_fraction}."
+            )
     sharded_step.make_augment(config)
+    if not config.two_stage.enabled:
+        sharded_step.make_model(config, dataset.num_classes)
+    eval_lib.resolve_shifts(config, dataset)
+    eval_lib.resolve_ood(config, dataset)
+
+
+def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
+    """Validates ``config`` and returns the assembled run (no training yet)."""
+    workdir = storage.as_path(workdir, what="--workdir")
+    check_numbers(config)
+    dataset = data_lib.get_dataset(
+        config.dataset.name, data_dir=config.dataset.data_dir or None
+    )
+    # Fail on a bad loss term, model or augmentation before touching the workdir.
+    check_config(config, dataset)
+    mesh = mesh_lib.data_mesh()
     if config.two_stage.enabled:
         stage = two_stage.build_stage_two(config, dataset)  # validates stage-I dir
         model = None
@@ -183,7 +225,9 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
         model = sharded_step.make_model(config, dataset.num_classes)
     shifts = eval_lib.resolve_shifts(config, dataset)
     ood = eval_lib.resolve_ood(config, dataset)
-    check_workdir(config, workdir)
+    # Refuses a workdir of another run now; config.json is written only once
+    # every check below has passed too, so a rejected config leaves no trace.
+    check_workdir(config, workdir, write=False)
 
     # ---- data sources and the step -> batch map --------------------------------
     # Each split is decoded once (calib_jax.data.cache); batches are gathered
@@ -200,7 +244,11 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
         order = np.random.default_rng(1234).permutation(len(train_source))
         n_hold = int(round(config.interleaved.holdout_fraction * len(order)))
         if not 0 < n_hold < len(order):
-            raise ValueError("config.interleaved.holdout_fraction must be in (0, 1).")
+            raise ValueError(
+                "config.interleaved.holdout_fraction leaves no example on one side "
+                f"of the {len(order)} training examples, got "
+                f"{config.interleaved.holdout_fraction}."
+            )
         major = SubsetSource(train_source, np.sort(order[n_hold:]))
         held = SubsetSource(train_source, np.sort(order[:n_hold]))
         major_steps, held_steps = math.ceil(len(major) / b), math.ceil(len(held) / b)
@@ -256,6 +304,7 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
         return train(state, batch(step))
 
     sets = eval_lib.eval_sets(config, dataset, shifts, ood)
+    check_workdir(config, workdir)
 
     def evaluate(state, *, export: bool, progress: int | None = None) -> dict:
         # progress: None shows nothing; else the bar's level (0, or 1 under

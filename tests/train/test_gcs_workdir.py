@@ -143,12 +143,17 @@ def test_gs_workdir_sigkill_resume_export_and_posthoc(
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     rows = _rows(gcs_emulator, bucket)
-    assert rows[: len(rows_before)] == rows_before  # appended, nothing lost
-    new_steps = [r["step"] for r in rows[len(rows_before) :] if "loss/total" in r]
+    # The killed run's records up to the restored checkpoint are kept; the
+    # ones past it were dropped and logged again: every step once.
+    kept = [r for r in rows_before if r["step"] <= committed[-1]]
+    assert rows[: len(kept)] == kept
+    new_steps = [r["step"] for r in rows[len(kept) :] if "loss/total" in r]
     # The first row of the rerun follows the newest committed checkpoint (a
     # restart from scratch would log step 10 again).
     assert new_steps[0] == committed[-1] + 10, (committed, new_steps)
     assert new_steps[-1] == NUM_STEPS
+    train_steps = [r["step"] for r in rows if "loss/total" in r]
+    assert train_steps == list(range(10, NUM_STEPS + 1, 10))
     assert _committed_steps(gcs_emulator, bucket)[-1] == NUM_STEPS
     names = gcs_emulator.objects(bucket, "run/logits/")
     assert names == [

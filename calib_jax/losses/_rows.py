@@ -27,7 +27,7 @@ def _clean(logits: jax.Array, mask: jax.Array) -> jax.Array:
 class _Rows(NamedTuple):
     """Per-example softmax statistics, each ``[B]`` (None when not requested)."""
 
-    correct: jax.Array | None  # 1[z_y = max_k z_k], float, no gradient
+    correct: jax.Array | None  # 1[first arg-max == y], float, no gradient
     ce: jax.Array | None  # -log p_y
     conf: jax.Array | None  # max_k p_k
     entropy: jax.Array | None  # -sum_k p_k log p_k
@@ -72,9 +72,10 @@ def _row_stats(
     ``jnp.max``. The forward pass is one max reduction, one exponential pass
     (``e`` written once, as for cross-entropy) and one reduction over ``e``
     (plus one for the entropy). No ``argmax`` is used: on CPU it
-    is a slow variadic reduction. Correctness is :math:`z_y = \max_k z_k`, so on
-    an exact tie for the top logit a label among the tied classes counts as
-    correct (ties have probability zero for continuous logits).
+    is a slow variadic reduction. Correctness is the library's rule: the first
+    index of the maximal logit equals the label (what ``jnp.argmax``, NumPy and
+    torch return), found by a min-reduction over the indices of the exact
+    maxima; on all-equal logits only label 0 is correct.
     """
     has_labels = labels is not None
     flags = {"has_labels": has_labels, "ce": ce, "conf": conf}
@@ -104,8 +105,8 @@ def _row_stats_plain(x, labels, *, has_labels, ce, conf, entropy, margin):
     p = jnp.exp(logp)
     outs = {}
     if has_labels:
-        x_y = jnp.take_along_axis(x, labels[:, None], axis=-1)[:, 0]
-        outs["correct"] = (x_y == jnp.max(x, axis=-1)).astype(x.dtype)
+        first = jnp.argmax(x, axis=-1).astype(labels.dtype)
+        outs["correct"] = (first == labels).astype(x.dtype)
         if ce:
             outs["ce"] = -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
     if conf:
@@ -145,7 +146,10 @@ def _row_stats_fused(x, labels, *, has_labels, ce, conf, entropy, margin):
             # A gather (no derivative is taken through it: the rule below is
             # explicit), computed here rather than outside the custom rule.
             s_y = jnp.take_along_axis(x, labels[:, None], axis=-1)[:, 0] - m
-            outs["correct"] = (s_y == 0).astype(x.dtype)
+            # The first index of an exact maximum (s == 0), as jnp.argmax.
+            cols = lax.broadcasted_iota(labels.dtype, x.shape, 1)
+            first = jnp.min(jnp.where(s == 0, cols, x.shape[-1]), axis=-1)
+            outs["correct"] = (first == labels).astype(x.dtype)
             if ce:
                 outs["ce"] = log_z - s_y
         if want_top:

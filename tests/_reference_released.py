@@ -40,6 +40,14 @@ def _clamp(x, lo, hi, x_at):
     return x
 
 
+def _pick(out, row):
+    """The output a perturbation of ``row`` can move: that row's entry of a
+    per-example loss (the other rows' large values would swamp the difference
+    in rounding), or the batch-level scalar."""
+    out = np.asarray(out, np.float64)
+    return float(out[row]) if out.ndim == 1 else float(out)
+
+
 def fd_grad(fn, logits, labels, h=1e-6, **kw):
     """Central differences in float64 of ``sum(fn(v, labels, at=logits))``."""
     x = np.asarray(logits, np.float64)
@@ -47,8 +55,8 @@ def fd_grad(fn, logits, labels, h=1e-6, **kw):
     for idx in np.ndindex(*x.shape):
         e = np.zeros_like(x)
         e[idx] = h
-        up = np.sum(fn(x + e, labels, at=x, **kw))
-        dn = np.sum(fn(x - e, labels, at=x, **kw))
+        up = _pick(fn(x + e, labels, at=x, **kw), idx[0])
+        dn = _pick(fn(x - e, labels, at=x, **kw), idx[0])
         g[idx] = (up - dn) / (2 * h)
     return g
 
@@ -70,7 +78,8 @@ def ref_dual_focal_released(logits, labels, *, gamma=5.0, at=None, **unused):
                 best = j
         p_j = p[best] if best is not None else 0.0
         one_minus = sum(p[k] for k in range(len(z)) if k != y)
-        out.append(-((one_minus + p_j) ** gamma) * math.log(p[y]))
+        log_py = z[y] - z.max() - math.log(np.exp(z - z.max()).sum())
+        out.append(-((one_minus + p_j) ** gamma) * log_py)
     return np.array(out)
 
 

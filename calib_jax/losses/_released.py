@@ -79,12 +79,11 @@ def correct(logits: jax.Array, labels: jax.Array) -> jax.Array:
 def dual_focal(logits, labels, mask, gamma):
     """``-(1 - p_y + p_j)^gamma log p_y`` with ``p_j`` the largest probability
     strictly below ``p_y`` (0 when there is none), ``[B]``."""
-    z = logits
+    # Shifted by the (constant) row max so that nothing is rounded at the
+    # magnitude of the logits (1e4 logits would lose 3 digits in float32).
+    z = logits - lax.stop_gradient(jnp.max(logits, axis=1, keepdims=True))
     cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
-    lse = jax.nn.logsumexp(z, axis=1)
-    log_p = z - lse[:, None]
-    p = jnp.exp(log_p)
-    log_py = _take(log_p, labels)
+    p = jax.nn.softmax(z, axis=1)
     p_y = _take(p, labels)
     # The released mask compares probabilities (torch.lt(p, p_y)); entries at
     # or above p_y, the label's own included, count as 0 in the top-1.
@@ -92,10 +91,14 @@ def dual_focal(logits, labels, mask, gamma):
     cand = jnp.where(below, p, 0.0)
     idx = jnp.argmax(lax.stop_gradient(cand), axis=1).astype(jnp.int32)
     p_j = _take(cand, idx)
-    # 1 - p_y = sum_{k != y} p_k, from the log-sum-exp of the other logits: the
-    # same number as the released 1 - p_y, without its float32 cancellation.
+    # log p_y and 1 - p_y from the log-odds of the label against the rest: the
+    # same numbers as the released log_softmax and 1 - p_k, without the float32
+    # cancellation of 1 - p_k near 1 (and with exact zero derivatives where p_y
+    # underflows).
     rest = jnp.where(cols == labels[:, None], -jnp.inf, z)
-    one_minus_py = jnp.exp(jax.nn.logsumexp(rest, axis=1) - lse)
+    d = _take(z, labels) - jax.nn.logsumexp(rest, axis=1)
+    log_py = jax.nn.log_sigmoid(d)
+    one_minus_py = jnp.exp(jax.nn.log_sigmoid(-d))
     base = one_minus_py + p_j
     loss = -(base ** jnp.asarray(gamma, z.dtype)) * log_py
     return zero_masked(loss, mask)

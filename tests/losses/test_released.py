@@ -234,9 +234,12 @@ def test_composite_passes_variant():
         losses.au_pxtau(x, y, variant="released_code", num_bins=64),
         rtol=1e-6,
     )
-    bad = losses.composite([{"name": "acls", "variant": "nope"}])
-    with pytest.raises(ValueError, match="Unknown variant"):
-        bad(x, y)
+    # An unknown variant fails when the objective is built, before any compute.
+    with pytest.raises(ValueError, match="Unknown variant='nope'"):
+        losses.composite([{"name": "acls", "variant": "nope"}])
+    with pytest.raises(ValueError, match="'reweighted_risk_description'"):
+        losses.composite([{"name": "dual_focal", "variant": "x"}])
+    losses.composite([{"name": "dual_focal", "variant": "reweighted_risk_description"}])
 
 
 def test_dual_focal_released_differs_from_the_description_where_stated():
@@ -316,3 +319,43 @@ def test_tie_rule_metrics_on_all_equal_probabilities():
     y1 = np.where(y == 0, 1, y).astype(np.int32)  # no label 0: accuracy 0
     np.testing.assert_allclose(float(metrics.ece(probs, y1)), 0.2, rtol=1e-5)
     np.testing.assert_allclose(float(metrics.accuracy(probs, y1)), 0.0, atol=0)
+
+
+METRICS_USING_CORRECTNESS = [
+    ("accuracy", {}),
+    ("ece", {}),
+    ("ece", {"p": 2}),
+    ("mce", {}),
+    ("rmsce", {}),
+    ("adaptive_ece", {}),
+    ("sweep_ece", {}),
+    ("debiased_ece", {}),
+    ("ks_error", {}),
+    ("aurc", {}),
+    ("eaurc", {}),
+    ("augrc", {}),
+    ("risk_at_coverage", {"coverage": 0.5}),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "kw"), METRICS_USING_CORRECTNESS, ids=lambda v: str(v)
+)
+def test_tie_rule_every_metric_that_uses_correctness(name, kw):
+    """All-equal rows give the value of rows whose class 0 is the unique top
+    by a hair: the tie goes to the first class, for every metric."""
+    fn = metrics.METRICS[name]
+    b, k = 40, 5
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, k, size=b).astype(np.int32)
+    tied = np.full((b, k), 1.0 / k, np.float64)
+    bumped = tied.copy()
+    bumped[:, 0] += 1e-6
+    bumped /= bumped.sum(1, keepdims=True)
+    got = float(fn(tied.astype(np.float32), y, **kw))
+    want = float(fn(bumped.astype(np.float32), y, **kw))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # ... and not the value the "label among the tied classes" rule would give
+    # for accuracy-like metrics (every row correct).
+    if name == "accuracy":
+        np.testing.assert_allclose(got, np.mean(y == 0), rtol=1e-6)

@@ -40,5 +40,9 @@ def get_config(arg=None):
         raise ValueError(
             "weight_grad applies to loss=au_pxtau only (aurc's weights are constants)."
         )
+    elif a.variant != "paper":
+        raise ValueError(
+            f"variant={a.variant!r} applies to loss=au_pxtau only (aurc has none)."
+        )
     c.loss = (term,)
     return c

@@ -131,14 +131,21 @@ def _row_stats_fused(x, labels, *, has_labels, ce, conf, entropy, margin):
         m = _unfused(jnp.max(x, axis=-1))
         s = x - m[:, None]
         e = jnp.exp(s)
+        # With labels, the first index of an exact maximum (s == 0, what
+        # jnp.argmax returns) rides in the same variadic reduction.
+        count = (
+            functools.partial(_sum_top_count_first, s=s)
+            if has_labels
+            else _sum_and_top_count
+        )
         if entropy:
             # The tie count goes with sum_k e_k s_k (a loop that reads x and e;
             # XLA:CPU would otherwise write s out as a [B, K] array), z is a
             # plain sum.
             z = jnp.sum(e, axis=-1)
-            ses, n_top = _sum_and_top_count(e * s, e)
+            ses, n_top, *first = count(e * s, e)
         else:
-            z, n_top = _sum_and_top_count(e, e)
+            z, n_top, *first = count(e, e)
         log_z = jnp.log(z)
         aux = {"s": s, "e": e, "z": z, "log_z": log_z, "n_top": n_top}
         outs = {}
@@ -146,10 +153,7 @@ def _row_stats_fused(x, labels, *, has_labels, ce, conf, entropy, margin):
             # A gather (no derivative is taken through it: the rule below is
             # explicit), computed here rather than outside the custom rule.
             s_y = jnp.take_along_axis(x, labels[:, None], axis=-1)[:, 0] - m
-            # The first index of an exact maximum (s == 0), as jnp.argmax.
-            cols = lax.broadcasted_iota(labels.dtype, x.shape, 1)
-            first = jnp.min(jnp.where(s == 0, cols, x.shape[-1]), axis=-1)
-            outs["correct"] = (first == labels).astype(x.dtype)
+            outs["correct"] = (first[0] == labels).astype(x.dtype)
             if ce:
                 outs["ce"] = log_z - s_y
         if want_top:
@@ -243,6 +247,31 @@ def _sum_and_top_count_jvp(primals, tangents):
     (v, e), (dv, _) = primals, tangents
     out = _sum_and_top_count(v, e)
     return out, (jnp.sum(dv, axis=-1), _no_tangent(out[1]))
+
+
+@jax.custom_jvp
+def _sum_top_count_first(v: jax.Array, e: jax.Array, s: jax.Array):
+    """:func:`_sum_and_top_count` plus the first index with ``s == 0`` (the
+    first exact maximum, int32; ``K`` for a row without one), from the same
+    variadic reduction."""
+    k = s.shape[-1]
+    cols = lax.broadcasted_iota(jnp.int32, s.shape, s.ndim - 1)
+    return _row_reduce(
+        (v, (e >= 1.0).astype(jnp.int32), jnp.where(s == 0, cols, k)),
+        (0, 0, k),
+        (lax.add, lax.add, lax.min),
+    )
+
+
+@_sum_top_count_first.defjvp
+def _sum_top_count_first_jvp(primals, tangents):
+    (v, e, s), (dv, _, _) = primals, tangents
+    out = _sum_top_count_first(v, e, s)
+    return out, (
+        jnp.sum(dv, axis=-1),
+        _no_tangent(out[1]),
+        _no_tangent(out[2]),
+    )
 
 
 def _safe_pow(x: jax.Array, exponent) -> jax.Array:

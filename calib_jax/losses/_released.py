@@ -2,13 +2,10 @@ r"""The arithmetic of the authors' released code, where it departs from the pape
 
 Each public loss that has a ``variant=`` keyword dispatches here for
 ``variant='released_code'``; the public docstring names the repository and file
-and lists every difference from the paper. The functions below are the jitted
-cores (inputs already checked, masked rows already zeroed); all of them follow
+and lists every difference from the paper. The functions below are the cores
+(inputs already checked, masked rows already zeroed); all of them follow
 the library's correctness rule where correctness enters (the first arg-max index
 equals the label, as ``tf.argmax`` and ``torch.max`` also return it).
-
-Read, never copied: the formulas were re-derived from the repositories named in
-the public docstrings and re-written here in JAX.
 """
 
 from __future__ import annotations
@@ -62,12 +59,6 @@ def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
 def first_max(x: jax.Array) -> jax.Array:
     """The row maximum; its derivative goes to the first maximal entry."""
     return _take(x, jnp.argmax(x, axis=1).astype(jnp.int32))
-
-
-def correct(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """The library's correctness rule as a float: first arg-max == label."""
-    pred = jnp.argmax(lax.stop_gradient(logits), axis=1).astype(jnp.int32)
-    return (pred == labels).astype(logits.dtype)
 
 
 # ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@ Command (from the repository root)::
   python -m calib_jax.benchmark --config configs/benchmark_digits.py \
       --workdir /tmp/benchmark_digits
 
-The whole grid: 20 training methods (every objective of
+The whole grid: 22 training methods (every objective of
 ``calib_jax.train.objectives``, interleaved SB-ECE and MaC-Cal two-stage
 retraining on the cross-entropy run) x 16 post-hoc calibrators (14 run: Platt and
 Beta calibration are binary-only, K = 2, and are skipped on the 10 digits
@@ -13,7 +13,7 @@ classes) x 3 seeds, an
 MLP trained for 30 epochs, scored on the clean test set and on the 10 JAX
 corruptions x 5 severities of it, with OOD detection against
 ``digits_patches`` (8x8 tiles of scikit-learn's bundled photographs) and
-bootstrap intervals (200 resamples) of the clean-test metrics. Expected on a 2-core CPU: about 8 minutes
+bootstrap intervals (200 resamples) of the clean-test metrics. Expected on a 2-core CPU: about 9 minutes
 (most of it one compile per method and per calibrator; a rerun reads the
 finished cells back). Variants:
 

@@ -14,6 +14,9 @@ reweighted-risk paper trains with them alone). Expected on a 2-core CPU: about
   gradient of its Eq. (27): about 43% (about 65% with SGD 0.1, L2 5e-4). The weight
   gradient lowers the confidence of every sample below tau in proportion to
   its loss, and on digits trained from scratch the confidences stay low;
+- ``loss=au_pxtau,variant=released_code`` (the authors' code: the score on
+  softmax(softmax(z)), ``losses.au_pxtau(..., variant='released_code')``,
+  64 bins, nu 0.05): see the benchmark's ``au_pxtau_released``;
 - ``loss=au_pxtau,weight_grad=false`` (the weights held constant in the
   gradient, ``losses.au_pxtau(..., weight_grad=False)``): about 98%, test ECE
   about 1.2%.
@@ -25,15 +28,21 @@ from calib_jax.configs import common
 
 
 def get_config(arg=None):
-    a = common.parse_arg(arg, loss="au_pxtau", weight_grad=True)
+    a = common.parse_arg(arg, loss="au_pxtau", weight_grad=True, variant="paper")
     common.choose(a.loss, dict.fromkeys(("aurc", "au_pxtau")))
     c = common.base()
     term = dict(name=a.loss, weight=1.0)
     if a.loss == "au_pxtau":
         term["weight_grad"] = a.weight_grad
+        if a.variant != "paper":
+            term.update(variant=a.variant, num_bins=64, nu=0.05)
     elif not a.weight_grad:
         raise ValueError(
             "weight_grad applies to loss=au_pxtau only (aurc's weights are constants)."
+        )
+    elif a.variant != "paper":
+        raise ValueError(
+            f"variant={a.variant!r} applies to loss=au_pxtau only (aurc has none)."
         )
     c.loss = (term,)
     return c

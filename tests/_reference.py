@@ -118,13 +118,14 @@ def ref_inverse_focal(logits, labels, *, gamma=2.0):
 
 
 def ref_dual_focal(logits, labels, *, gamma=5.0, variant="paper"):
-    """Eq. (24) of Zhou et al. 2025 ('paper'), Eqs. (25)-(26) ('released_code')."""
+    """Eq. (24) of Zhou et al. 2025 ('paper'), Eqs. (25)-(26)
+    ('reweighted_risk_description': misclassified = first arg-max != label)."""
     out = []
     for z, y in _rows(logits, labels):
         p = _softmax(z)
         p_j = max(p[k] for k in range(len(p)) if k != y)
         base = _one_minus_p_true(z, y) + p_j
-        if variant == "released_code" and p[y] < p_j:
+        if variant == "reweighted_risk_description" and _argmax(z) != y:
             base = _one_minus_p_true(z, y)
         out.append(-(base**gamma) * _log_softmax(z)[y])
     return _out(out)

@@ -20,7 +20,7 @@ PRESET_RULES = {
     "torchmetrics": ("nearest", "left", "extra", "first", None),
     "netcal": ("float64", "left", "last", "first", "quantile"),
     "focal_calibration": ("nearest", "right", "last", "drop", "interp"),
-    "robustness_metrics": ("floor", "left", "last", "first", None),
+    "robustness_metrics": ("floor", "left", "last", "first", "digitize"),
 }
 
 
@@ -117,8 +117,18 @@ def equal_mass_members(conf, m, rule):
     n = len(conf)
     order = sorted(range(n), key=lambda i: (conf[i], i))
     s = [conf[i] for i in order]
-    members = [[] for _ in range(m)]
-    if rule == "rank":
+    members = [[] for _ in range(m + (1 if rule == "digitize" else 0))]
+    if rule == "digitize":
+        # robustness_metrics GeneralCalibrationError, binning_scheme='adaptive':
+        # np.round of np.linspace(0, n, m, endpoint=False) indexes the sorted
+        # values; the upper edges are those values (first dropped) and 1.0;
+        # np.digitize puts c in bin #(edges <= c), so 1.0 gets bin m.
+        idx = np.round(np.linspace(0, n, m, endpoint=False)).astype(int)
+        idx = np.minimum(idx, n - 1)
+        upper = np.concatenate([np.asarray(s)[idx][1:], [1.0]])
+        for i, b in enumerate(np.digitize(np.asarray(conf, np.float64), upper)):
+            members[int(b)].append(i)
+    elif rule == "rank":
         group = np.empty(n, int)
         for g, chunk in enumerate(np.array_split(np.arange(n), m)):
             group[chunk] = g

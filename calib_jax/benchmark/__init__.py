@@ -4,6 +4,13 @@
 trains every method of the grid (resuming finished cells), fits every post-hoc
 calibrator on the validation logits, scores the clean and every shifted test
 set, and writes ``results.jsonl``, ``report.md`` and PNG plots under ``DIR``.
+
+Correctness (accuracy, ECE, the claims) is the library's rule everywhere: the
+first arg-max index equals the label. Methods ``acls_released`` and
+``au_pxtau_released`` train with the authors' released arithmetic
+(``variant='released_code'``); the claims that come from a published number
+use them, and every claim states the smallest difference its seeds could
+detect (2 x the paired SEM).
 """
 
 from calib_jax.benchmark.grid import CALIBRATORS, METHODS

@@ -9,6 +9,16 @@ Every loss has the signature ``name(logits, labels, *, <hparams>, where=None)``:
 - **Batch-level** losses return one float32 scalar over the unmasked batch; under
   ``jax.jit`` on a batch sharded over a ``"data"`` mesh it is the global-batch
   value.
+- **Correctness** (SB-ECE, AvUC, S-AvUC, MMCE, the dual-focal variants) is the
+  library's single rule: a prediction is correct when the *first* arg-max index
+  of the logits equals the label (what ``jnp.argmax``, NumPy and torch
+  return), as in :mod:`calib_jax.metrics`, :mod:`calib_jax.posthoc` and the
+  benchmark; on all-equal logits only label 0 is correct.
+- **Variants**: the papers' equations are the default (``variant='paper'``);
+  ``variant='released_code'`` on ``au_pxtau``, ``acls``, ``dual_focal``,
+  ``sb_ece`` (``kind='lb'``) and ``mmce`` (``weighted=True``) computes what the
+  authors' repository computes, named with every difference in each docstring
+  (``docs/conventions.md`` has the table).
 
 :func:`get_loss` looks a loss up by name and binds validated hyperparameters;
 :func:`composite` turns a config list of terms into one objective.

@@ -9,7 +9,20 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from calib_jax.losses import _common
+from calib_jax.losses import _common, _released
+from calib_jax.losses._focal import _DUAL_VARIANTS
+
+# Variants per loss where they differ from ('paper', 'released_code').
+_VARIANTS = {"dual_focal": _DUAL_VARIANTS}
+
+
+def _check_variant(name: str, value) -> None:
+    """``<loss>.variant`` must be one of that loss's variants (checked when the
+    objective is built, before any compute)."""
+    _released.check_variant(
+        value, _VARIANTS.get(name.split(".")[0], _released.VARIANTS)
+    )
+
 
 # Validation of hyperparameter values by name, shared by every loss that takes
 # them. Each rule gets (name, value) and raises ValueError on a concrete bad value.
@@ -28,6 +41,7 @@ _RULES: dict[str, Callable[[str, object], None]] = {
     "epsilon": lambda n, v: _common.check_unit_interval(n, v, closed_left=True),
     "p": lambda n, v: _common.check_positive(n, v),
     "weight_grad": _common.check_bool,
+    "variant": _check_variant,
 }
 
 LossFn = Callable[..., jax.Array]

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import kernels
+from calib_jax.losses import _released
 from calib_jax.losses._common import (
     _no_tangent,
     _row_reduce,
@@ -35,7 +36,7 @@ from calib_jax.losses._primary import (
     _true_vs_rest,
 )
 
-_DUAL_VARIANTS = ("paper", "released_code")
+_DUAL_VARIANTS = ("paper", "reweighted_risk_description", "released_code")
 
 # ---------------------------------------------------------------------------
 # Focal loss.
@@ -308,22 +309,44 @@ def dual_focal(
     where two non-true classes tie, and there the gradient is that of the
     first tied class).
 
-    ``variant='released_code'`` is the behaviour that [1], App. C.3,
-    Eqs. (25)-(26), reports for the authors' public implementation: the
+    ``variant='released_code'`` computes what the dual-focal authors' code
+    computes (repository Linwei94/ICML2023-DualFocalLoss, file
+    ``Losses/dual_focal_loss.py``, class ``DualFocalLoss``; the copy in
+    han678/CalibWeightedRisk, ``loss/dual_focal.py``, has the same
+    arithmetic): :math:`-(1 - p_y + p_j)^{\gamma}\log p_y` with :math:`p_j`
+    the largest probability **strictly below** :math:`p_y`, or 0 when no class
+    is below. Differences from the paper, one per line:
+
+    * the competitor is the largest probability strictly below :math:`p_y`, not the largest non-true one;
+    * on a misclassified row it is therefore a class ranked below the label, never the predicted class;
+    * it is 0 when the label has the smallest probability (no class below);
+    * classes tied with :math:`p_y` are never the competitor (the mask is ``p < p_y`` on float probabilities);
+    * the gradient of the competitor goes to one index (``torch.topk``), here the first.
+
+    ``1 - p_y`` is evaluated as the sum of the other probabilities in log space
+    (the same number as the released ``1 - p_k``, without its float32
+    cancellation near :math:`p_y = 1`). All-equal logits give
+    :math:`(1 - 1/K)^{\gamma}\log K` (no class is strictly below the label),
+    where ``'paper'`` gives :math:`\log K`.
+
+    ``variant='reweighted_risk_description'`` is the behaviour that [1],
+    App. C.3, Eqs. (25)-(26), *describes* for the dual-focal code, implemented
+    from that description (the code itself is ``'released_code'``): the
     competitor is dropped when the sample is misclassified,
 
     .. math::
 
         \ell = \begin{cases}
-            -(1 - p_y + p_{j^*})^{\gamma}\log p_y, & p_y \ge p_{j^*} \\
-            -(1 - p_y)^{\gamma}\log p_y, & p_y < p_{j^*},
+            -(1 - p_y + p_{j^*})^{\gamma}\log p_y, & \text{correct} \\
+            -(1 - p_y)^{\gamma}\log p_y, & \text{misclassified},
         \end{cases}
 
-    i.e. the plain focal loss on misclassified samples. This is discontinuous
-    at the tie :math:`p_y = p_{j^*}` and, as [1] points out, lowers the weight
-    of exactly the uncertain (misclassified) samples, the opposite of the
-    intent of Eq. (24). It is implemented from the description in [1], not
-    from the released code itself.
+    i.e. the plain focal loss on misclassified samples, with "correct" the
+    library's rule (the first arg-max index is the label). This is
+    discontinuous where the prediction changes and, as [1] points out, lowers
+    the weight of exactly the uncertain (misclassified) samples. It differs
+    from ``'released_code'`` on every misclassified row that has a class
+    ranked below the label.
 
     There is no single paper value of :math:`\gamma`; [2] and [1] select it by
     cross-validation ([1], App. E.1, Table 2: 1.0 to 6.1). The default 5.0 is
@@ -333,8 +356,9 @@ def dual_focal(
       logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
       labels: int ``[B]`` class ids in ``[0, K)``.
       gamma: :math:`\gamma \ge 0` (traceable).
-      variant: static str, ``'paper'`` (Eq. (24) of [1]) or
-        ``'released_code'`` (Eqs. (25)-(26) of [1]).
+      variant: static str, ``'paper'`` (Eq. (24) of [1]),
+        ``'reweighted_risk_description'`` (Eqs. (25)-(26) of [1]) or
+        ``'released_code'`` (the code of [2]).
       where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
         get the value 0.
 
@@ -346,7 +370,12 @@ def dual_focal(
       Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
       2025, Eqs. (24)-(26) (App. C.3) and App. E.1, Table 2.
       [2] L. Tao, M. Dong, C. Xu, "Dual Focal Loss for Calibration",
-      ICML 2023, PMLR 202:33833-33849.
+      ICML 2023, PMLR 202:33833-33849; code: github.com/Linwei94/
+      ICML2023-DualFocalLoss, ``Losses/dual_focal_loss.py``.
+
+    Raises:
+      ValueError: an unknown ``variant`` (the valid ones are listed) or
+        ``gamma < 0``.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -354,21 +383,23 @@ def dual_focal(
       >>> print(dual_focal(logits, jnp.array([0, 0]), gamma=2.0))
       [0.01241853 6.324496  ]
       >>> print(dual_focal(logits, jnp.array([0, 0]), gamma=2.0,
-      ...                  variant="released_code"))
+      ...                  variant="reweighted_risk_description"))
       [0.01241853 1.7878953 ]
     """
-    if variant not in _DUAL_VARIANTS:
-        raise ValueError(f"variant must be one of {_DUAL_VARIANTS}, got {variant!r}.")
+    variant = _released.check_variant(variant, _DUAL_VARIANTS)
     check_nonnegative("gamma", gamma)
     logits, labels, mask = prepare(logits, labels, where)
     _check_num_classes(logits)
+    if variant == "released_code":
+        logits, labels = _clean(logits, labels, mask)
+        return _released.dual_focal(logits, labels, mask, gamma)
     return _dual_focal(logits, labels, mask, gamma, variant=variant)
 
 
 @functools.partial(jax.jit, static_argnames="variant")
 def _dual_focal(logits, labels, mask, gamma, *, variant):
     logits, labels = _clean(logits, labels, mask)
-    z_true, z_rest_max, rest_sum, _ = kernels.select(
+    z_true, z_rest_max, rest_sum, first = kernels.select(
         "loss_dual_focal", _dual_parts, _dual_parts_plain, logits, labels
     )
     # log sum_{k != y} e^{z_k}; the shift is a constant (the sum is shift
@@ -382,9 +413,13 @@ def _dual_focal(logits, labels, mask, gamma, *, variant):
     gamma = jnp.asarray(gamma, logits.dtype)
     # log(1 - p_y + p_j*), both terms finite in log space.
     log_base = jnp.logaddexp(log_1m_p_true, log_p_rest_max)
-    if variant == "released_code":
-        # [1], Eqs. (25)-(26): p_j* is dropped once the sample is misclassified.
-        correct = lax.stop_gradient(z_true >= z_rest_max)
+    if variant == "reweighted_risk_description":
+        # [1], Eqs. (25)-(26): p_j* is dropped once the sample is misclassified
+        # (the library's rule: correct iff the first arg-max is the label, so
+        # on a tie z_y == z_j* the label must come first).
+        correct = lax.stop_gradient(
+            (z_true > z_rest_max) | ((z_true == z_rest_max) & (labels < first))
+        )
         log_base = jnp.where(correct, log_base, log_1m_p_true)
     loss = -jnp.exp(gamma * log_base) * log_p_true
     return zero_masked(loss, mask)

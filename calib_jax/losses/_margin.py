@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import kernels
+from calib_jax.losses import _released
 from calib_jax.losses._common import (
     _no_tangent,
     _row_reduce,
@@ -192,6 +193,7 @@ def acls(
     margin: jax.typing.ArrayLike = 10.0,
     lambda_1: jax.typing.ArrayLike = 0.1,
     lambda_2: jax.typing.ArrayLike = 0.01,
+    variant: str = "paper",
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""ACLS regularizer (adaptive and conditional label smoothing), per-example.
@@ -232,6 +234,24 @@ def acls(
     :math:`z_{\hat y}` in the second. This function implements Eq. (13) as
     written, with its full gradient.
 
+    ``variant='released_code'`` computes the regularizer of the authors' code
+    (repository cvlab-yonsei/ACLS, file ``calibrate/losses/acls.py``, method
+    ``ACLS.get_reg``), per row so that its batch mean is the released value:
+
+    .. math::
+
+        \lambda_1\, n_{\max}\,\mathrm{ReLU}(z_{\hat y} - M)^2
+        + \frac{\lambda_2}{K - 1}\sum_{j:\, z_j \ne z_{\hat y}}
+          \mathrm{ReLU}\bigl(\mathrm{sg}(z_{\hat y}) - z_j - M\bigr)^2 .
+
+    Differences from the paper, one per line:
+
+    * the :math:`\lambda_1` term is :math:`\mathrm{ReLU}(\max_j z_j - M)^2`, not :math:`\mathrm{ReLU}(\max_j z_j - \min_k z_k - M)^2`;
+    * the :math:`\lambda_2` term is averaged over the :math:`K - 1` non-maximal classes, not summed ((K-1)x weaker: 9x on CIFAR-10);
+    * :math:`z_{\hat y}` is detached in the :math:`\lambda_2` term (the gradient is Eq. (12)'s direction, not that of Eq. (13));
+    * the :math:`\lambda_1` term is counted once per class tied at the maximum (the released indicator is ``z == max``);
+    * the released ``alpha`` (0.1) that multiplies the whole term is folded into the weights (released ``pos_lambda=1, neg_lambda=0.1, alpha=0.1`` are ``lambda_1=0.1, lambda_2=0.01`` here).
+
     Defaults: :math:`M = 10`, :math:`\lambda_1 = 0.1`, :math:`\lambda_2 =
     0.01` ([1], Sec. 4.1 and supplementary S2.2; [1] uses :math:`M = 6` on
     CIFAR-10).
@@ -242,6 +262,8 @@ def acls(
       margin: :math:`M \ge 0` (traceable).
       lambda_1: weight of the predicted-class term, :math:`\ge 0`.
       lambda_2: weight of the other-class terms, :math:`\ge 0`.
+      variant: static str, ``'paper'`` (Eq. (13) of [1]) or
+        ``'released_code'`` (the code of [1], see above).
       where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
         get the value 0.
 
@@ -251,7 +273,12 @@ def acls(
     References:
       [1] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
       Conditional Label Smoothing for Network Calibration", ICCV 2023,
-      Eqs. (10)-(14), Sec. 4.1; supplementary Sec. S2.2.
+      Eqs. (10)-(14), Sec. 4.1; supplementary Sec. S2.2. Code:
+      github.com/cvlab-yonsei/ACLS, ``calibrate/losses/acls.py``.
+
+    Raises:
+      ValueError: a negative ``margin``/``lambda_1``/``lambda_2`` or an
+        unknown ``variant`` (the valid ones are listed).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -260,11 +287,15 @@ def acls(
       >>> print(jnp.round(penalty, 5))
       [1.03 0.  ]
     """
+    variant = _released.check_variant(variant)
     check_nonnegative("margin", margin)
     check_nonnegative("lambda_1", lambda_1)
     check_nonnegative("lambda_2", lambda_2)
     logits, labels, mask = prepare(logits, labels, where)
     _check_num_classes(logits)
+    if variant == "released_code":
+        logits, _ = _clean(logits, labels, mask)
+        return _released.acls(logits, mask, margin, lambda_1, lambda_2)
     return _acls(logits, labels, mask, margin, lambda_1, lambda_2)
 
 

@@ -7,6 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from calib_jax.losses import _released
 from calib_jax.losses._common import check_positive, prepare
 from calib_jax.losses._rows import _clean, _row_stats, _safe_pow
 
@@ -18,13 +19,14 @@ def mmce(
     bandwidth: jax.typing.ArrayLike = 0.4,
     weighted: bool = False,
     squared: bool = False,
+    variant: str = "paper",
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""Kernel maximum mean calibration error of the top label (batch-level).
 
     With confidence :math:`r_i = \max_k p_{ik}`, hard correctness
-    :math:`c_i = 1[\arg\max_k p_{ik} = y_i]` (no gradient; a label among tied
-    top classes counts as correct) and the Laplacian
+    :math:`c_i = 1[\arg\max_k p_{ik} = y_i]` (no gradient; the library's rule:
+    the first arg-max index must be the label) and the Laplacian
     kernel :math:`k(r, r') = \exp(-|r - r'|/\text{bandwidth})`, the minibatch
     estimator of [1] over the :math:`N` unmasked samples is
 
@@ -56,12 +58,33 @@ def mmce(
     at 0); ``squared=True`` returns the double sum itself, which is smooth
     everywhere. The default ``bandwidth=0.4`` is the kernel width used in [1].
 
+    ``variant='released_code'`` (with ``weighted=True`` only) computes the
+    authors' ``calibration_mmce_w_loss`` (repository aviralkumar2907/MMCE,
+    file ``20ng_mmce.py``; the same function drives their other scripts):
+
+    .. math::
+
+        \sqrt{\frac{\bar S_{\mathcal C\mathcal C}}{m^2 + 10^{-5}}
+        + \frac{\bar S_{\mathcal I\mathcal I}}{n^2 + 10^{-5}}
+        - \frac{2\,\bar S_{\mathcal C\mathcal I}}{mn + 10^{-5}} + 10^{-10}},
+
+    with :math:`n = N - m` and :math:`\bar S` the *mean* of each weighted
+    kernel block (e.g. :math:`\bar S_{\mathcal C\mathcal C} = \frac{1}{m^2}
+    \sum_{i,j\in\mathcal C}(1-r_i)(1-r_j)k(r_i,r_j)`). Differences from the
+    paper, one per line:
+
+    * every block is normalised twice (its mean, then :math:`1/m^2`, :math:`1/n^2`, :math:`1/(mn)`), i.e. by :math:`m^4`, :math:`n^4`, :math:`m^2n^2`;
+    * :math:`10^{-5}` is added to :math:`m^2`, :math:`n^2`, :math:`mn`, and :math:`10^{-10}` under the root;
+    * the value is 0 (with zero gradient) when the batch has no correct or no incorrect sample;
+    * only the root exists (``squared=True`` raises), and only the weighted form (``weighted=False`` raises; the released unweighted MMCE returns the double sum, ``squared=True`` here).
+
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities.
       labels: int ``[B]`` class ids in ``[0, K)``.
       bandwidth: Laplacian kernel width :math:`> 0`.
       weighted: static bool, the weighted estimator :math:`\mathrm{MMCE}_w`.
       squared: static bool, return :math:`\mathrm{MMCE}^2` instead of its root.
+      variant: static str, ``'paper'`` or ``'released_code'`` (see above).
       where: optional bool ``[B]``; ``False`` rows are ignored (padding).
 
     Returns:
@@ -69,14 +92,16 @@ def mmce(
       data-sharded jit.
 
     Raises:
-      ValueError: ``bandwidth <= 0``.
+      ValueError: ``bandwidth <= 0``, an unknown ``variant``, or
+        ``variant='released_code'`` with ``weighted=False`` or ``squared=True``.
 
     References:
       [1] A. Kumar, S. Sarawagi, U. Jain, "Trainable Calibration Measures for
       Neural Networks from Kernel Mean Embeddings", ICML 2018 (PMLR 80), Sec. 3
       (MMCE and its minibatch estimate) and Sec. 4 (weighted MMCE, training
       objective). (Equation numbers are not quoted: they have not been
-      checked against the paper's text.)
+      checked against the paper's text.) Code: github.com/aviralkumar2907/MMCE,
+      ``20ng_mmce.py``.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -85,7 +110,15 @@ def mmce(
       0.2935
     """
     check_positive("bandwidth", bandwidth)
+    variant = _released.check_variant(variant)
+    if variant == "released_code":
+        if not weighted:
+            _released.reject("mmce", "weighted=False (use squared=True for MMCE_m)")
+        if squared:
+            _released.reject("mmce", "squared=True (it returns the root)")
     logits, labels, mask = prepare(logits, labels, where)
+    if variant == "released_code":
+        return _mmce_released(logits, labels, mask, bandwidth)
     return _mmce(
         logits, labels, mask, bandwidth, weighted=bool(weighted), squared=bool(squared)
     )
@@ -110,3 +143,10 @@ def _mmce(logits, labels, mask, bandwidth, *, weighted, squared):
     kernel = jnp.exp(-jnp.abs(r[:, None] - r[None, :]) / jnp.asarray(bandwidth, dtype))
     sq = jnp.maximum(jnp.sum(v * (kernel @ v)), 0.0)
     return sq if squared else _safe_pow(sq, 0.5)
+
+
+@jax.jit
+def _mmce_released(logits, labels, mask, bandwidth):
+    logits = _clean(logits, mask)
+    rows = _row_stats(logits, labels, conf=True)
+    return _released.mmce_weighted(rows.conf, rows.correct, mask, bandwidth)

@@ -27,7 +27,7 @@ def _clean(logits: jax.Array, mask: jax.Array) -> jax.Array:
 class _Rows(NamedTuple):
     """Per-example softmax statistics, each ``[B]`` (None when not requested)."""
 
-    correct: jax.Array | None  # 1[z_y = max_k z_k], float, no gradient
+    correct: jax.Array | None  # 1[first arg-max == y], float, no gradient
     ce: jax.Array | None  # -log p_y
     conf: jax.Array | None  # max_k p_k
     entropy: jax.Array | None  # -sum_k p_k log p_k
@@ -72,9 +72,10 @@ def _row_stats(
     ``jnp.max``. The forward pass is one max reduction, one exponential pass
     (``e`` written once, as for cross-entropy) and one reduction over ``e``
     (plus one for the entropy). No ``argmax`` is used: on CPU it
-    is a slow variadic reduction. Correctness is :math:`z_y = \max_k z_k`, so on
-    an exact tie for the top logit a label among the tied classes counts as
-    correct (ties have probability zero for continuous logits).
+    is a slow variadic reduction. Correctness is the library's rule: the first
+    index of the maximal logit equals the label (what ``jnp.argmax``, NumPy and
+    torch return), found by a min-reduction over the indices of the exact
+    maxima; on all-equal logits only label 0 is correct.
     """
     has_labels = labels is not None
     flags = {"has_labels": has_labels, "ce": ce, "conf": conf}
@@ -104,8 +105,8 @@ def _row_stats_plain(x, labels, *, has_labels, ce, conf, entropy, margin):
     p = jnp.exp(logp)
     outs = {}
     if has_labels:
-        x_y = jnp.take_along_axis(x, labels[:, None], axis=-1)[:, 0]
-        outs["correct"] = (x_y == jnp.max(x, axis=-1)).astype(x.dtype)
+        first = jnp.argmax(x, axis=-1).astype(labels.dtype)
+        outs["correct"] = (first == labels).astype(x.dtype)
         if ce:
             outs["ce"] = -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
     if conf:
@@ -130,14 +131,21 @@ def _row_stats_fused(x, labels, *, has_labels, ce, conf, entropy, margin):
         m = _unfused(jnp.max(x, axis=-1))
         s = x - m[:, None]
         e = jnp.exp(s)
+        # With labels, the first index of an exact maximum (s == 0, what
+        # jnp.argmax returns) rides in the same variadic reduction.
+        count = (
+            functools.partial(_sum_top_count_first, s=s)
+            if has_labels
+            else _sum_and_top_count
+        )
         if entropy:
             # The tie count goes with sum_k e_k s_k (a loop that reads x and e;
             # XLA:CPU would otherwise write s out as a [B, K] array), z is a
             # plain sum.
             z = jnp.sum(e, axis=-1)
-            ses, n_top = _sum_and_top_count(e * s, e)
+            ses, n_top, *first = count(e * s, e)
         else:
-            z, n_top = _sum_and_top_count(e, e)
+            z, n_top, *first = count(e, e)
         log_z = jnp.log(z)
         aux = {"s": s, "e": e, "z": z, "log_z": log_z, "n_top": n_top}
         outs = {}
@@ -145,7 +153,7 @@ def _row_stats_fused(x, labels, *, has_labels, ce, conf, entropy, margin):
             # A gather (no derivative is taken through it: the rule below is
             # explicit), computed here rather than outside the custom rule.
             s_y = jnp.take_along_axis(x, labels[:, None], axis=-1)[:, 0] - m
-            outs["correct"] = (s_y == 0).astype(x.dtype)
+            outs["correct"] = (first[0] == labels).astype(x.dtype)
             if ce:
                 outs["ce"] = log_z - s_y
         if want_top:
@@ -239,6 +247,31 @@ def _sum_and_top_count_jvp(primals, tangents):
     (v, e), (dv, _) = primals, tangents
     out = _sum_and_top_count(v, e)
     return out, (jnp.sum(dv, axis=-1), _no_tangent(out[1]))
+
+
+@jax.custom_jvp
+def _sum_top_count_first(v: jax.Array, e: jax.Array, s: jax.Array):
+    """:func:`_sum_and_top_count` plus the first index with ``s == 0`` (the
+    first exact maximum, int32; ``K`` for a row without one), from the same
+    variadic reduction."""
+    k = s.shape[-1]
+    cols = lax.broadcasted_iota(jnp.int32, s.shape, s.ndim - 1)
+    return _row_reduce(
+        (v, (e >= 1.0).astype(jnp.int32), jnp.where(s == 0, cols, k)),
+        (0, 0, k),
+        (lax.add, lax.add, lax.min),
+    )
+
+
+@_sum_top_count_first.defjvp
+def _sum_top_count_first_jvp(primals, tangents):
+    (v, e, s), (dv, _, _) = primals, tangents
+    out = _sum_top_count_first(v, e, s)
+    return out, (
+        jnp.sum(dv, axis=-1),
+        _no_tangent(out[1]),
+        _no_tangent(out[2]),
+    )
 
 
 def _safe_pow(x: jax.Array, exponent) -> jax.Array:

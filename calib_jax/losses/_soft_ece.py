@@ -7,6 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from calib_jax.losses import _released
 from calib_jax.losses._common import (
     check_num_bins,
     check_positive,
@@ -69,6 +70,7 @@ def sb_ece(
     temperature: jax.typing.ArrayLike = 0.01,
     p: jax.typing.ArrayLike = 2.0,
     kind: str = "lb",
+    variant: str = "paper",
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""Soft-binned ECE of the top-label confidence (batch-level).
@@ -93,9 +95,9 @@ def sb_ece(
     with :math:`u_{ij} = u^*_{M,T}(c_i)_j`, confidence :math:`c_i = \max_k
     p_{ik}` (the binned quantity, Sec. 3.1) and *hard* accuracy :math:`a_i =
     1[\arg\max_k p_{ik} = y_i]` (no gradient flows through :math:`a_i`; all of it
-    goes through :math:`c_i`; evaluated as :math:`z_{iy_i} = \max_k z_{ik}`, so
-    on an exact tie for the top logit a label among the tied classes counts as
-    correct). ``kind='lb'`` is the paper's "Expected
+    goes through :math:`c_i`; the library's correctness rule: the first arg-max
+    index must be the label, so on all-equal logits only label 0 is correct,
+    as in :func:`calib_jax.metrics.ece`). ``kind='lb'`` is the paper's "Expected
     Soft-Label-Binned Calibration Error" — the variant it trains with (App. G)
     — and by Jensen's inequality ``lb >= bin`` for every ``p >= 1``, :math:`T`
     and batch. As :math:`T \to 0` both tend to the hard-binned
@@ -106,6 +108,30 @@ def sb_ece(
     the :math:`\ell_2` ECE every table of the paper reports; the paper tunes
     :math:`T` per setting and publishes no value, so ``temperature=0.01`` is
     this library's choice (adjacent centres are 1/15 apart; tune it).
+
+    ``variant='released_code'`` (with ``kind='lb'`` and ``p=2`` only) computes
+    the soft-calibration authors' TensorFlow function
+    ``compute_squared_error_label_binning_tensorflow`` (repository
+    google/uncertainty-baselines, file
+    ``experimental/caltrain/secondary_losses.py``):
+
+    .. math::
+
+        \frac{1}{N}\sum_{i,j} \tilde u_{ij}\,(\tilde A_j - c_i)^2,\qquad
+        \tilde u_{ij} = (1 - 10^{-5})\,u'_{ij} + \frac{10^{-5}}{M},\qquad
+        \tilde A_j = \frac{\sum_i \tilde u_{ij} a_i}{\sum_i \tilde u_{ij}},
+
+    with :math:`u'` the soft membership in ``M`` bins of equal width on
+    :math:`[1/K, 1]`. Differences from the paper, one per line:
+
+    * the bins span :math:`[1/K, 1]` (centres :math:`1/K + (j - 1/2)(1 - 1/K)/M`), not :math:`[0, 1]`;
+    * :math:`10^{-5}/M` is mixed into every soft assignment (weight :math:`1 - 10^{-5}` on the softmax);
+    * the value is the square, :math:`\mathrm{SB\text{-}ECE}_{\mathrm{lb},2}^2`, with no square root;
+    * only the label-binned :math:`\ell_2` form exists (``kind='bin'`` or ``p != 2`` raise a ValueError);
+    * no bin is dropped for small mass (the mixed-in :math:`10^{-5}/M` keeps every :math:`\sum_i \tilde u_{ij} > 0`).
+
+    ``exp(-(b - c)^2 / T)`` normalised over the bins is evaluated as a softmax
+    (the same value; the released quotient underflows to 0/0 at small ``T``).
 
     Numerics: bins whose mass :math:`S_j` is below :math:`\sqrt{\text{tiny}}`
     (about :math:`10^{-19}` in float32) are treated as empty; the
@@ -119,6 +145,8 @@ def sb_ece(
       temperature: soft-binning temperature :math:`T > 0` (Sec. 4.1 of [1]).
       p: norm order :math:`p \ge 1` (Eqs. (11)–(12) of [1]).
       kind: static str, ``'lb'`` (Eq. (12)) or ``'bin'`` (Eq. (11)).
+      variant: static str, ``'paper'`` (Eqs. (11)-(12)) or ``'released_code'``
+        (the authors' TF code, ``kind='lb'`` and ``p=2`` only; see above).
       where: optional bool ``[B]``; ``False`` rows are ignored (padding).
 
     Returns:
@@ -126,13 +154,16 @@ def sb_ece(
       data-sharded jit.
 
     Raises:
-      ValueError: ``temperature <= 0``, ``p < 1``, ``num_bins < 1`` or an
-        unknown ``kind``.
+      ValueError: ``temperature <= 0``, ``p < 1``, ``num_bins < 1``, an
+        unknown ``kind`` or ``variant``, or ``variant='released_code'`` with
+        ``kind='bin'`` or ``p != 2``.
 
     References:
       [1] A. Karandikar, N. Cain, D. Tran, B. Lakshminarayanan, J. Shlens,
       M. C. Mozer, B. Roelofs, "Soft Calibration Objectives for Neural
-      Networks", NeurIPS 2021, Eqs. (8)–(12), App. G.
+      Networks", NeurIPS 2021, Eqs. (8)–(12), App. G. Code:
+      github.com/google/uncertainty-baselines,
+      ``experimental/caltrain/secondary_losses.py``.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -145,8 +176,30 @@ def sb_ece(
     _check_p(p)
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+    variant = _released.check_variant(variant)
+    if variant == "released_code":
+        if kind != "lb":
+            _released.reject("sb_ece", f"kind={kind!r} (only the label-binned 'lb')")
+        if not isinstance(p, jax.core.Tracer) and float(p) != 2.0:
+            _released.reject("sb_ece", f"p={p!r} (only the squared l2 form, p=2)")
     logits, labels, mask = prepare(logits, labels, where)
+    if variant == "released_code":
+        return _sb_ece_released(logits, labels, mask, temperature, num_bins=num_bins)
     return _sb_ece(logits, labels, mask, temperature, p, num_bins=num_bins, kind=kind)
+
+
+@functools.partial(jax.jit, static_argnames=("num_bins",))
+def _sb_ece_released(logits, labels, mask, temperature, *, num_bins):
+    logits = _clean(logits, mask)
+    rows = _row_stats(logits, labels, conf=True)
+    return _released.sb_ece_lb(
+        rows.conf,
+        rows.correct,
+        mask,
+        temperature,
+        num_bins=num_bins,
+        num_classes=logits.shape[1],
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("num_bins", "kind"))

@@ -21,6 +21,14 @@ ascending, :math:`s_0 \le \dots \le s_{n-1}`, and ``M`` bins:
 - ``'quantile'`` (netcal): edges are the linear-interpolation quantiles at
   ``j / M`` with the first and last replaced by 0 and 1, bins
   :math:`[e_j, e_{j+1})`, the last one closed.
+- ``'digitize'`` (robustness_metrics ``GeneralCalibrationError`` with
+  ``binning_scheme='adaptive'``): upper edges :math:`u_j = s_{r_j}`,
+  :math:`r_j = \min(\mathrm{round}(j n / M), n - 1)` for ``j = 1 .. M - 1``
+  (round half to even, as ``np.round``; computed exactly in integers) and
+  :math:`u_M = 1`; bin ``b`` holds :math:`u_b \le c < u_{b+1}`
+  (``np.digitize``), so a confidence of exactly 1.0 gets a bin ``M`` of its
+  own (``M + 1`` accumulators). The library adds ``eps`` to every count
+  before dividing (a relative change below 1e-15, not reproduced).
 
 Interpolated edges are computed in float32 and can differ by one float32
 ulp from an edge computed in float64; this matters only for a confidence
@@ -65,10 +73,11 @@ def assign_sorted(s: jax.Array, n: jax.Array, num_bins: int, rule: str) -> jax.A
       s: float ``[N]`` sorted ascending; rows past ``n`` (excluded) are +inf.
       n: int scalar, number of included rows.
       num_bins: static ``M``.
-      rule: ``'rank'``, ``'interp'`` or ``'quantile'``.
+      rule: ``'rank'``, ``'interp'``, ``'quantile'`` or ``'digitize'``.
 
     Returns:
-      int32 ``[N]`` bins in ``[0, M)``; ``-1`` for rows in no bin.
+      int32 ``[N]`` bins in ``[0, M)`` (``[0, M]`` for ``'digitize'``); ``-1``
+      for rows in no bin.
     """
     m = num_bins
     r = lax.iota(jnp.int32, s.shape[0])
@@ -89,9 +98,22 @@ def assign_sorted(s: jax.Array, n: jax.Array, num_bins: int, rule: str) -> jax.A
         e = e.at[0].set(0.0).at[m].set(1.0)
         b = jnp.searchsorted(e, s, side="right").astype(jnp.int32) - 1
         b = jnp.clip(b, 0, m - 1)
+    elif rule == "digitize":
+        j = jnp.arange(1, m, dtype=jnp.int32)
+        # round(j n / M), half to even, in exact integer arithmetic.
+        q, rem = (j * n) // m, (j * n) % m
+        up = (2 * rem > m) | ((2 * rem == m) & (q % 2 == 1))
+        idx = jnp.minimum(q + up.astype(jnp.int32), jnp.maximum(n - 1, 0))
+        upper = jnp.concatenate([s[idx], jnp.ones((1,), s.dtype)])
+        b = jnp.searchsorted(upper, s, side="right").astype(jnp.int32)
     else:
         raise ValueError(f"unknown equal-mass rule {rule!r}.")
     return jnp.where(r < n, b, -1)
+
+
+def num_accumulators(num_bins: int, rule: str) -> int:
+    """Bins an equal-mass rule fills: ``M``, or ``M + 1`` for ``'digitize'``."""
+    return num_bins + (1 if rule == "digitize" else 0)
 
 
 def equal_mass_stats(conf, correct, valid, num_bins, rule):
@@ -104,11 +126,12 @@ def equal_mass_stats(conf, correct, valid, num_bins, rule):
     s, a = _common.sorted_by_confidence(conf, correct, valid)
     s = jnp.where(lax.iota(jnp.int32, s.shape[0]) < n, s, jnp.inf)
     bins = assign_sorted(s, n, num_bins, rule)
-    count = jax.ops.segment_sum(jnp.ones_like(a), bins, num_bins)
-    sum_conf = jax.ops.segment_sum(jnp.where(bins >= 0, s, 0.0), bins, num_bins)
-    sum_correct = jax.ops.segment_sum(a, bins, num_bins)
-    lower = jax.ops.segment_min(s, bins, num_bins)
-    upper = jax.ops.segment_max(jnp.where(bins >= 0, s, -jnp.inf), bins, num_bins)
+    slots = num_accumulators(num_bins, rule)
+    count = jax.ops.segment_sum(jnp.ones_like(a), bins, slots)
+    sum_conf = jax.ops.segment_sum(jnp.where(bins >= 0, s, 0.0), bins, slots)
+    sum_correct = jax.ops.segment_sum(a, bins, slots)
+    lower = jax.ops.segment_min(s, bins, slots)
+    upper = jax.ops.segment_max(jnp.where(bins >= 0, s, -jnp.inf), bins, slots)
     empty = count == 0
     lower = jnp.where(empty, 0.0, lower)
     upper = jnp.where(empty, 0.0, upper)

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 EDGE_RULES = ("nearest", "ceil64", "floor")
-EQUAL_MASS_RULES = ("rank", "interp", "quantile")
+EQUAL_MASS_RULES = ("rank", "interp", "quantile", "digitize")
 # Above this many bins the edge count switches from M fused comparisons to a
 # binary search.
 _MAX_COMPARE_BINS = 48
@@ -58,7 +58,7 @@ class Convention:
       min_count: bins holding fewer samples contribute no error (their samples
         still count in ``N``); 1 means only empty bins are skipped.
       equal_mass: equal-mass rule (``'rank'``, ``'interp'``, ``'quantile'``,
-        see ``_adaptive.py``) or None when the library has none.
+        ``'digitize'``, see ``_adaptive.py``) or None when the library has none.
       l2_root: for class-averaged l2 errors, ``'after_mean'`` takes the root of
         the class mean of squared errors, ``'per_class'`` averages per-class
         roots.
@@ -122,8 +122,10 @@ PRESETS: dict[str, Convention] = {
     "robustness_metrics": Convention(
         name="robustness_metrics",
         edge_rule="floor",
-        equal_mass=None,
-        library="robustness_metrics 'ece' (tf.histogram_fixed_width_bins)",
+        equal_mass="digitize",
+        library="robustness_metrics 'ece' (tf.histogram_fixed_width_bins); "
+        "equal-mass: its GeneralCalibrationError (binning_scheme='adaptive', "
+        "max_prob=True, norm 'l1' or 'l2')",
     ),
 }
 DEFAULT = "calib_jax"

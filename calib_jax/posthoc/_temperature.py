@@ -425,7 +425,8 @@ def sb_ece_objective(logits, labels, where, *, num_bins, temperature, p, kind):
     The same value as :func:`calib_jax.losses.sb_ece` of the scaled logits:
     SB-ECE depends on them only through the top-label confidences (one
     row-blocked pass, :func:`top_confidence_of_log_t`) and the correctness
-    :math:`z_{ny_n} = \max_k z_{nk}`, which does not depend on :math:`T`;
+    (the first arg-max index is the label, the library's rule), which does not
+    depend on :math:`T`;
     the soft binning is ``O(N M)`` work on ``[N]`` vectors.
 
     Args:
@@ -444,7 +445,7 @@ def sb_ece_objective(logits, labels, where, *, num_bins, temperature, p, kind):
 
     z = jax.lax.stop_gradient(logits)
     m = jnp.max(z, axis=-1)
-    correct = (_core.pick(z, labels) == m).astype(z.dtype)
+    correct = (jnp.argmax(z, axis=-1) == labels).astype(z.dtype)
     mask = jnp.ones(m.shape, bool) if where is None else jnp.asarray(where, bool)
 
     def objective(u):
@@ -495,7 +496,7 @@ def _hard_ece_of_log_t(z, labels, where, *, num_bins, p, convention):
     from calib_jax.metrics import BinnedStats
 
     m = jnp.max(z, axis=-1)
-    correct = _core.pick(z, labels) == m
+    correct = jnp.argmax(z, axis=-1) == labels  # the library's correctness rule
 
     def ece(u):
         conf = _blocked.top_confidence(z, m, jnp.exp(-u))

@@ -17,6 +17,12 @@ OBJECTIVES: dict[str, tuple[dict, ...]] = {
     "ls": (dict(name="label_smoothing", epsilon=0.1),),
     "mbls": (dict(name="cross_entropy"), dict(name="mbls")),
     "acls": (dict(name="cross_entropy"), dict(name="acls")),
+    # ACLS as cvlab-yonsei/ACLS computes it (calibrate/losses/acls.py), with its
+    # default weights (pos_lambda 1, neg_lambda 0.1, alpha 0.1) and margin 10.
+    "acls_released": (
+        dict(name="cross_entropy"),
+        dict(name="acls", variant="released_code"),
+    ),
     "cpc": (dict(name="cross_entropy"), dict(name="cpc")),
     "mdca": (dict(name="cross_entropy"), dict(name="mdca")),
     "mmce": (dict(name="cross_entropy"), dict(name="mmce")),
@@ -28,4 +34,9 @@ OBJECTIVES: dict[str, tuple[dict, ...]] = {
     "au_pxtau": (dict(name="au_pxtau"),),
     # AU_Pxτ without the weight-gradient term of Eq. (27) (constant weights).
     "au_pxtau_stopgrad": (dict(name="au_pxtau", weight_grad=False),),
+    # AU_Pxτ as han678/CalibWeightedRisk computes it (loss/selectAU.py): the
+    # score on softmax(softmax(z)), 64 bins, hist_sigma 0.05, batch-quantile τ.
+    "au_pxtau_released": (
+        dict(name="au_pxtau", variant="released_code", num_bins=64, nu=0.05),
+    ),
 }

@@ -253,7 +253,8 @@ def test_verdicts_and_paired_differences():
     diffs = np.array([-0.2, -0.1, -0.3])
     assert d == pytest.approx((diffs.mean(), diffs.std(ddof=1) / np.sqrt(3)))
     assert report.verdict([d]) == "holds"
-    assert report.verdict([(-0.01, 0.02)]) == "inconclusive (within 1 SEM)"
+    assert report.verdict([(-0.01, 0.02)]) == "cannot tell on this grid (within 1 SEM)"
+    assert report.detectable(d) == pytest.approx(2 * d[1])
     assert report.verdict([d, (0.05, 0.01)]) == "does not hold"
 
 

@@ -16,6 +16,11 @@ from _reference_batch import (
     ref_s_avuc,
     ref_sb_ece,
 )
+from _reference_released import (
+    ref_au_pxtau_released,
+    ref_mmce_released,
+    ref_sb_ece_released,
+)
 
 from calib_jax.losses._avuc import avuc, avuc_gs, s_avuc
 from calib_jax.losses._mdca import mdca
@@ -31,6 +36,12 @@ def _case(name, fn, ref, **kw):
 CASES = [
     # SB-ECE, Eqs. (11)-(12): the default (lb, p=2) and bin with p=1, sharper T.
     _case("sb_ece", sb_ece, ref_sb_ece),
+    _case(
+        "sb_ece_released_code",
+        sb_ece,
+        ref_sb_ece_released,
+        hparams={"variant": "released_code", "temperature": 0.02},
+    ),
     _case(
         "sb_ece_bin_p1",
         sb_ece,
@@ -49,6 +60,13 @@ CASES = [
     # MMCE: |r_i - r_j| has kinks where two confidences meet.
     _case("mmce", mmce, ref_mmce, smooth=False),
     _case("mmce_weighted", mmce, ref_mmce, hparams={"weighted": True}, smooth=False),
+    _case(
+        "mmce_weighted_released_code",
+        mmce,
+        ref_mmce_released,
+        hparams={"weighted": True, "variant": "released_code"},
+        smooth=False,
+    ),
     _case("mdca", mdca, ref_mdca, num_classes=7),
     # AURC: the ranking is piecewise constant in the logits.
     _case("aurc", aurc, ref_aurc, smooth=False),
@@ -61,6 +79,26 @@ CASES = [
     ),
     # AU_Pxτ: the histogram counts are piecewise constant in the logits.
     _case("au_pxtau", au_pxtau, ref_au_pxtau, smooth=False),
+    _case(
+        "au_pxtau_released_code",
+        au_pxtau,
+        ref_au_pxtau_released,
+        hparams={"variant": "released_code", "num_bins": 64, "nu": 0.05},
+        smooth=False,
+        num_classes=10,
+    ),
+    _case(
+        "au_pxtau_released_code_margin",
+        au_pxtau,
+        ref_au_pxtau_released,
+        hparams={
+            "variant": "released_code",
+            "csf": "softmax_margin",
+            "coverage": 0.6,
+            "nu": 0.02,
+        },
+        smooth=False,
+    ),
     _case(
         "au_pxtau_neg_entropy",
         au_pxtau,

@@ -21,6 +21,7 @@ from _reference import (
     ref_label_smoothing,
     ref_mbls,
 )
+from _reference_released import ref_acls_released, ref_dual_focal_released
 
 from calib_jax.losses._focal import dual_focal, focal, focal_adaptive, inverse_focal
 from calib_jax.losses._margin import acls, cpc, mbls
@@ -73,9 +74,17 @@ CASES = [
     ),
     _case("dual_focal", dual_focal, ref_dual_focal, smooth=False),
     _case(
-        "dual_focal_released_code_gamma2_k10",
+        "dual_focal_reweighted_risk_description_gamma2_k10",
         dual_focal,
         ref_dual_focal,
+        hparams={"gamma": 2.0, "variant": "reweighted_risk_description"},
+        num_classes=10,
+        smooth=False,
+    ),
+    _case(
+        "dual_focal_released_code_gamma2_k10",
+        dual_focal,
+        ref_dual_focal_released,
         hparams={"gamma": 2.0, "variant": "released_code"},
         num_classes=10,
         smooth=False,
@@ -92,6 +101,17 @@ CASES = [
         smooth=False,
     ),
     _case("acls", acls, ref_acls, logit_scale=8.0, smooth=False),
+    _case(
+        "acls_released_code_margin3_k10",
+        acls,
+        ref_acls_released,
+        hparams={"margin": 3.0, "variant": "released_code"},
+        num_classes=10,
+        smooth=False,
+        # The released max is detached in the lambda_2 term: test_released.py
+        # checks that gradient against the reference.
+        gradient_is_derivative=False,
+    ),
     _case(
         "acls_margin3_k10",
         acls,

@@ -194,7 +194,9 @@ def test_dual_focal_hand_value_misclassified():
     got = dual_focal(logits, np.array([0]), gamma=2.0)
     np.testing.assert_allclose(got, [paper], rtol=1e-5)
     assert abs(paper - 2.840346) < 1e-5  # p = (.2447, .6652, .0900)
-    got = dual_focal(logits, np.array([0]), gamma=2.0, variant="released_code")
+    got = dual_focal(
+        logits, np.array([0]), gamma=2.0, variant="reweighted_risk_description"
+    )
     np.testing.assert_allclose(got, [released], rtol=1e-5)
 
 
@@ -203,7 +205,7 @@ def test_dual_focal_hand_value_correct():
     z = np.array([2.0, 1.0, 0.5, -1.0])
     p = np.exp(z) / np.exp(z).sum()
     want = (1 - p[0] + p[1]) ** 3 * -math.log(p[0])
-    for variant in ("paper", "released_code"):
+    for variant in ("paper", "reweighted_risk_description", "released_code"):
         got = dual_focal(
             z[None].astype(np.float32), np.array([0]), gamma=3.0, variant=variant
         )
@@ -222,7 +224,9 @@ def test_dual_focal_variants_and_focal():
     correct = x.argmax(1) == y
     assert correct.any() and (~correct).any()
     paper = np.asarray(dual_focal(x, y, gamma=2.0))
-    code = np.asarray(dual_focal(x, y, gamma=2.0, variant="released_code"))
+    code = np.asarray(
+        dual_focal(x, y, gamma=2.0, variant="reweighted_risk_description")
+    )
     fl = np.asarray(focal(x, y, gamma=2.0))
     np.testing.assert_allclose(code[correct], paper[correct], rtol=1e-6)
     np.testing.assert_allclose(code[~correct], fl[~correct], rtol=1e-6)

@@ -22,8 +22,11 @@ from calib_jax import kernels
 
 # Per-example losses built on a kernel family (the others are plain already).
 KERNEL_LOSSES = {"brier", "focal", "focal_adaptive", "dual_focal", "mbls", "acls"}
+# The per-example released_code variants are plain JAX (no kernel family).
 CASES = [
-    c for c in POINTWISE_CASES if c.fn.__name__ in KERNEL_LOSSES
+    c
+    for c in POINTWISE_CASES
+    if c.fn.__name__ in KERNEL_LOSSES and c.hparams.get("variant") != "released_code"
 ] + BATCH_CASES  # every batch-level loss uses the row statistics (loss_rows)
 ids = [c.name for c in CASES]
 

@@ -135,7 +135,25 @@ CORRECT_C = [1, 0, 1, 1, 0, 1]
 # first edge and are in no bin -> 0.6/6.
 # netcal equal_intervals=False: quantile edges at 0, 5/3, 10/3, 5 ->
 # [0, .6, .8333, 1]: {.6,.6,.6,.8} |2.6 - 3| = 0.4, {.9,.9} 0.8 -> 1.2/6.
-ADAPTIVE_C = {"calib_jax": 0.2, "focal_calibration": 0.1, "netcal": 0.2}
+# robustness_metrics GCE (adaptive): round(0, 2, 4) indexes the sorted values,
+# upper edges (.6, .9, 1.0), np.digitize: {} | {.6,.6,.6,.8} | {.9,.9} ->
+# (0.4 + 0.8) / 6.
+ADAPTIVE_C = {
+    "calib_jax": 0.2,
+    "focal_calibration": 0.1,
+    "netcal": 0.2,
+    "robustness_metrics": 0.2,
+}
+
+
+def test_case_c_robustness_metrics_l2():
+    """GCE norm='l2': sqrt(sum_b n_b / N (acc_b - conf_b)^2)."""
+    probs, labels, where = binary_case(CONF_C, CORRECT_C)
+    got = metrics.adaptive_ece(
+        probs, labels, where=where, num_bins=3, p=2, convention="robustness_metrics"
+    )
+    want = np.sqrt((4 / 6) * (0.4 / 4) ** 2 + (2 / 6) * (0.8 / 2) ** 2)
+    np.testing.assert_allclose(float(got), want, rtol=1e-5)
 
 
 @pytest.mark.parametrize("preset", sorted(ADAPTIVE_C))
@@ -147,7 +165,7 @@ def test_case_c_equal_mass(preset):
     np.testing.assert_allclose(float(got), ADAPTIVE_C[preset], rtol=1e-5)
 
 
-@pytest.mark.parametrize("preset", ["torchmetrics", "robustness_metrics"])
+@pytest.mark.parametrize("preset", ["torchmetrics"])
 def test_presets_without_equal_mass_raise(preset):
     probs, labels, where = binary_case(CONF_C, CORRECT_C)
     with pytest.raises(ValueError, match="no equal-mass"):

@@ -69,12 +69,33 @@ def test_edges_ten_bins(preset):
 
 
 @pytest.mark.parametrize("case", ["softmax_k10", "ties", "n1", "all_wrong", "edges"])
-@pytest.mark.parametrize("preset", ["calib_jax", "netcal", "focal_calibration"])
+@pytest.mark.parametrize(
+    "preset", ["calib_jax", "netcal", "focal_calibration", "robustness_metrics"]
+)
 def test_adaptive_ece(case, preset):
     probs, labels = CASES[case]
     pp, pl, w = _padded(case)
     expected = ref.ece(probs, labels, m=15, preset=preset, binning="mass")
     _close(metrics.adaptive_ece(pp, pl, where=w, convention=preset), expected)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("num_bins", [3, 7, 15])
+def test_robustness_metrics_equal_mass_both_norms(p, num_bins):
+    """GCE (adaptive, max_prob) of robustness_metrics, l1 and l2, including
+    confidences of exactly 1.0 (their own bin) and rounding half to even."""
+    rng = np.random.default_rng(num_bins)
+    n = 2 * num_bins + 1  # j n / M hits .5 for some j when M is odd
+    probs = rng.dirichlet(np.full(4, 0.3), size=n).astype(np.float32)
+    probs[:3] = np.float32([1.0, 0.0, 0.0, 0.0])
+    labels = rng.integers(0, 4, size=n).astype(np.int32)
+    expected = ref.ece(
+        probs, labels, m=num_bins, p=p, preset="robustness_metrics", binning="mass"
+    )
+    got = metrics.adaptive_ece(
+        probs, labels, num_bins=num_bins, p=p, convention="robustness_metrics"
+    )
+    _close(got, expected)
 
 
 @pytest.mark.parametrize("num_bins", [1, 4, 70])

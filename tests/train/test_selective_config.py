@@ -17,6 +17,10 @@ def test_weight_grad_switch_reaches_the_loss_term():
     assert term["name"] == "aurc" and "weight_grad" not in term
     with pytest.raises(ValueError, match="applies to loss=au_pxtau only"):
         digits_selective.get_config("loss=aurc,weight_grad=false")
+    (term,) = digits_selective.get_config("loss=au_pxtau,variant=released_code").loss
+    assert term["variant"] == "released_code" and term["num_bins"] == 64
+    with pytest.raises(ValueError, match="applies to loss=au_pxtau only"):
+        digits_selective.get_config("loss=aurc,variant=released_code")
 
 
 @pytest.mark.long
@@ -28,3 +32,13 @@ def test_au_pxtau_with_constant_weights_trains_digits(tmp_path):
     result = loop.train_and_evaluate(c, tmp_path, progress=False)
     assert result["test/accuracy"] >= 0.95
     assert result["test/ece"] < 0.05
+
+
+def test_au_pxtau_released_code_trains_digits(tmp_path):
+    """The released scoring (softmax of softmax) trains with the weight
+    gradient on, where the paper's equations collapse (au_pxtau docstring)."""
+    c = digits_selective.get_config("loss=au_pxtau,variant=released_code")
+    c.num_epochs = 15.0
+    c.shifts.corruptions = "none"
+    result = loop.train_and_evaluate(c, tmp_path, progress=False)
+    assert result["test/accuracy"] >= 0.95

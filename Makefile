@@ -38,7 +38,7 @@ demo: $(STAMP)
 		--workdir $(DEMO_DIR)
 
 test: $(STAMP)
-	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m 'not slow and not long' tests
+	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m 'not slow and not long' --durations=20 tests
 
 # The TPU compile loads libtpu into its process; it runs in a pytest process of
 # its own so that no other test shares a process with libtpu. The `long` tests

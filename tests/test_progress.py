@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
+
 from calib_jax import progress
 
 LINE = re.compile(
@@ -61,6 +63,7 @@ def test_disabled_bar_writes_nothing():
     assert stream.getvalue() == ""
 
 
+@pytest.mark.long
 def test_training_off_a_terminal_logs_step_and_evaluation_lines_and_no_events(
     tmp_path, monkeypatch
 ):

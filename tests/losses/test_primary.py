@@ -205,6 +205,7 @@ def test_brier_at_extreme_rows_matches_float64():
     np.testing.assert_allclose(g, want_g, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.long
 def test_brier_second_order_and_forward_mode():
     # The custom derivative rule serves jvp, vjp and their compositions.
     from jax.test_util import check_grads

@@ -80,6 +80,7 @@ def test_beta_identity_start_and_no_clipping_at_saturated_scores():
     assert np.isfinite(out).all()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["platt", "beta"])
 def test_binary_calibrators_where_jit_and_registry(name):
     z, y = binary(900, 5, lambda s: s**1.5)

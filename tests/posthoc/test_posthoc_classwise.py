@@ -57,6 +57,7 @@ def test_alpha_beta_minimise_eq6_within_bounds():
     assert found < ref.eq6_objective(1.0, 1.5, l0, l1)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("base", ["ts"])
 def test_long_tailed_class_loss_spread_shrinks(lt, base):
     (zv, yv), (zt, yt) = lt

@@ -71,6 +71,7 @@ def test_nll_fit_reaches_the_float64_optimum_in_both_forms(mode, data):
     assert abs(t - scipy_t) <= 1e-3 * scipy_t
 
 
+@pytest.mark.long
 def test_sb_ece_fits_agree_across_forms(data):
     z, y = data
     fits = []

@@ -47,6 +47,7 @@ def test_nll_at_50k_by_1000_is_a_local_optimum_within_1e3():
     assert 1 <= int(np.argmin(values)) <= 3, values
 
 
+@pytest.mark.long
 def test_where_equals_slicing(small):
     z, y = small
     keep = np.arange(len(y)) % 3 != 0

@@ -34,6 +34,7 @@ def test_au_pxtau_with_constant_weights_trains_digits(tmp_path):
     assert result["test/ece"] < 0.05
 
 
+@pytest.mark.long
 def test_au_pxtau_released_code_trains_digits(tmp_path):
     """The released scoring (softmax of softmax) trains with the weight
     gradient on, where the paper's equations collapse (au_pxtau docstring)."""

@@ -54,6 +54,7 @@ class _PoisonedTensorFlow(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         raise ImportError("tensorflow is poisoned in this test")
 
 
+@pytest.mark.long
 def test_event_scalars_equal_the_jsonl_and_the_diagram_is_an_image(
     tmp_path, monkeypatch
 ):

@@ -155,14 +155,19 @@ def apply_one_vs_rest(binary_map, params, logits: jax.Array) -> jax.Array:
     return one_vs_rest_output(binary_map(params, p, cls))
 
 
-def _widths(num_slots: int) -> tuple[int, ...]:
-    # 11/11/10-bit digits keep the passes few; with many (group, rank) slots
-    # 8-bit digits keep the per-slot histograms small.
-    return (11, 11, 10) if num_slots <= 1024 else (8, 8, 8, 8)
+def _widths(num_slots: int, key_bits: int = 32) -> tuple[int, ...]:
+    # Wide digits keep the passes few; with many (group, rank) slots narrow
+    # digits keep the per-slot histograms small.
+    if key_bits == 32:
+        return (11, 11, 10) if num_slots <= 1024 else (8, 8, 8, 8)
+    widest = 13 if num_slots <= 256 else 11 if num_slots <= 1024 else 8
+    passes = -(-key_bits // widest)
+    base, extra = divmod(key_bits, passes)
+    return tuple(base + (i < extra) for i in range(passes))
 
 
 def grouped_order_statistics(
-    bits: jax.Array, group: jax.Array, ranks: jax.Array
+    bits: jax.Array, group: jax.Array, ranks: jax.Array, *, key_bits: int = 32
 ) -> jax.Array:
     """The ``ranks[g, r]``-th smallest ``bits`` among the rows of group ``g``.
 
@@ -181,6 +186,8 @@ def grouped_order_statistics(
         the row.
       ranks: int32 ``[G, R]``, ascending along ``R``, each in ``[0, n_g)``
         (``n_g`` the group's size; anything for an empty group).
+      key_bits: static; every key is below ``2**key_bits`` (fewer bits, fewer
+        passes).
 
     Returns:
       ``(values, count_le)``: uint32 ``[G, R]`` order statistics and int32
@@ -193,8 +200,8 @@ def grouped_order_statistics(
     rank_group = jnp.arange(g_count, dtype=jnp.int32)[:, None]
     prefix = jnp.zeros((g_count, r_count), jnp.uint32)
     local = ranks.astype(jnp.int32)
-    widths = _widths(slots)
-    shift = 32
+    widths = _widths(slots, key_bits)
+    shift = key_bits
     row_slot = None  # slot of each row after the previous pass (slots = none)
     rank_slot = None  # slot of each rank after the previous pass
     for i, width in enumerate(widths):

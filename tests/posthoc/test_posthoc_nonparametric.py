@@ -146,6 +146,34 @@ def test_histogram_binning_equal_mass_bins_hold_equal_counts_without_ties():
         np.testing.assert_array_equal(np.bincount(bins, minlength=10), 150)
 
 
+@pytest.mark.parametrize("k", [2, 10, 1000])
+def test_top_label_thresholds_are_the_order_statistics_at_the_extremes(k):
+    # Top-label confidences lie in [fl(1/K), 1]; the select runs on keys
+    # offset from just below fl(1/K). Rows at both ends (all-equal logits give
+    # exactly fl(1/K), a margin of 200 gives 1.0) must still give the exact
+    # order statistics np.partition finds.
+    rng = np.random.default_rng(k)
+    n = 3000
+    z = rng.normal(size=(n, k)).astype(np.float32) * 2.0
+    z[: n // 5] = 0.0
+    z[n // 5 : 2 * n // 5, 0] += 200.0
+    y = rng.integers(0, k, n).astype(np.int32)
+    y = np.where(rng.random(n) < 0.7, z.argmax(1), y).astype(np.int32)
+    params = posthoc.fit_histogram_binning(z, y, num_bins=15)
+    pred, conf = (np.asarray(a) for a in _reduction.top_label(jnp.asarray(z)))
+    assert conf.min() == np.float32(1.0) / np.float32(k) and conf.max() == 1.0
+    for c in np.unique(pred):
+        v = np.sort(conf[pred == c])
+        m = len(v)
+        q, rem = divmod(m, 15)
+        starts = [
+            j * (q + 1) if j <= rem else rem * (q + 1) + (j - rem) * q
+            for j in range(1, 15)
+        ]
+        want = v[np.clip(np.array(starts) - 1, 0, m - 1)]
+        np.testing.assert_array_equal(np.asarray(params["thresholds"][c]), want)
+
+
 @pytest.mark.long
 def test_histogram_binning_where_equals_slicing_and_jit_equals_eager():
     z, y = tied(1200, 4, seed=3, distinct=400)

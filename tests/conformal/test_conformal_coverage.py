@@ -73,6 +73,7 @@ def test_mean_coverage_over_200_splits_meets_the_finite_sample_guarantee(
     assert abs(mean - exact) <= 3 * se, (mean, se, exact)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("randomized", [False, True])
 def test_raps_gives_smaller_sets_than_aps_on_k100(randomized):
     z, y = synthetic(2000, 100, seed=1)

@@ -100,6 +100,7 @@ def test_perfect_predictions_give_zero():
     assert float(curve["bandwidth"]) == pytest.approx(1e-3, rel=1e-6)  # the floor
 
 
+@pytest.mark.long
 def test_jit_where_bf16_and_sharding():
     probs, labels = softmax_case(n=64, k=5, seed=13)
     eager = float(metrics.smooth_ece(probs, labels))

@@ -160,6 +160,7 @@ def test_workdir_outputs_numbers_round_trip_and_overwrite_rule(tmp_path, capsys)
         assert after[path] == before[path]
 
 
+@pytest.mark.long
 def test_val_test_default_output_beside_the_test_file(tmp_path, capsys):
     data = _logits()
     for name in ("val", "test"):

@@ -113,6 +113,7 @@ def test_hb_ece_search_beats_its_coarse_grid(small):
     assert ece(t) < 0.5 * ece(1.0)
 
 
+@pytest.mark.long
 def test_sb_ece_reaches_a_local_minimum(small):
     from calib_jax.losses._soft_ece import sb_ece
 
@@ -202,6 +203,7 @@ def test_apply_temperature_and_dtypes():
         posthoc.fit_temperature(z, jnp.array([0]), objective="mse")
 
 
+@pytest.mark.long
 def test_bf16_input_gives_same_temperature_as_float32(small):
     z, y = small
     z16 = jnp.asarray(z, jnp.bfloat16)

@@ -131,6 +131,7 @@ def test_summed_batch_level_losses_never_gather_the_batch():
     assert max(c.largest for c in found) == biggest
 
 
+@pytest.mark.long
 def test_pairwise_and_sorted_losses_exchange_one_scalar_per_example():
     # MMCE's kernel pairs every two examples and AURC sorts the batch, so each
     # needs every example's score: one scalar per example, never the logits.

@@ -255,6 +255,35 @@ def test_bad_config_values_are_one_line_value_errors(tmp_path, overrides, messag
     assert not (tmp_path / "w").exists()  # nothing written, config.json included
 
 
+def _assert_cli_errors_are_one_line(runs: dict) -> None:
+    """Runs every ``name: (command, cwd, message)`` at once; each must exit
+    with status 2, no traceback, and ``message`` in one stderr line."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONPATH"] = str(ROOT)
+    procs = {
+        name: subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, (cmd, cwd, _) in runs.items()
+    }
+    try:
+        for name, proc in procs.items():
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 2, (name, err[-2000:])
+            assert "Traceback" not in err, name
+            assert runs[name][2] in _one_line(err), (name, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+
+
 def test_train_cli_user_errors_are_one_line(tmp_path):
     """Three CLI paths not reachable in-process, run concurrently."""
     (tmp_path / "a_file").write_text("not a directory")
@@ -306,30 +335,7 @@ def test_train_cli_user_errors_are_one_line(tmp_path):
             ),
         ),
     }
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
-    env.pop("XLA_FLAGS", None)
-    env["PYTHONPATH"] = str(ROOT)
-    procs = {
-        name: subprocess.Popen(
-            cmd,
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name, (cmd, cwd, _) in runs.items()
-    }
-    try:
-        for name, proc in procs.items():
-            _, err = proc.communicate(timeout=120)
-            assert proc.returncode == 2, (name, err[-2000:])
-            assert "Traceback" not in err, name
-            assert runs[name][2] in _one_line(err), (name, err)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
+    _assert_cli_errors_are_one_line(runs)
     assert not (tmp_path / "w1").exists() and not (tmp_path / "w2").exists()
 
 
@@ -367,30 +373,9 @@ def test_evaluate_cli_user_errors_are_one_line(tmp_path):
             "already holds an evaluation (metrics.json); pass --overwrite",
         ),
     }
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
-    env.pop("XLA_FLAGS", None)
-    env["PYTHONPATH"] = str(ROOT)
-    procs = {
-        name: subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name, (cmd, _) in runs.items()
-    }
-    try:
-        for name, proc in procs.items():
-            _, err = proc.communicate(timeout=120)
-            assert proc.returncode == 2, (name, err[-2000:])
-            assert "Traceback" not in err, name
-            assert runs[name][1] in _one_line(err), (name, err)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
+    _assert_cli_errors_are_one_line(
+        {name: (cmd, ROOT, message) for name, (cmd, message) in runs.items()}
+    )
     assert not (empty / "evaluate").exists()
     assert (done / "evaluate" / "metrics.json").read_text() == "{}"
 

@@ -4,8 +4,11 @@
 calib_jax.evaluate`` and the benchmark also write their scalars (training
 losses per logged step, every evaluation metric, per-shift metrics included)
 and reliability diagrams (as images) to event files that TensorBoard reads:
-``tensorboard --logdir <workdir>``. The files are written with ``tensorboardX``,
-which produces the same records as TensorFlow's writer without importing it.
+``tensorboard --logdir <workdir>``. The records are built with ``tensorboardX``'s
+protos and framing, the same records as TensorFlow's writer, without importing
+it. They are written on the calling thread (no writer thread or queue): a run
+writes a few records per logged step, and a background writer would add
+threads to every process that logs.
 
 Only process 0 writes. The directory is checked for writing before any
 compute (:func:`check_writable`), so a bad directory fails in one line
@@ -30,6 +33,53 @@ from ml_collections import ConfigDict
 from calib_jax import storage
 
 DIRNAME = "tensorboard"
+
+# Seconds between flushes of a local event file to disk while writing (as
+# TensorFlow's writer does by default every 120 s; shorter, for live curves).
+FLUSH_SECS = 30.0
+
+
+class _EventFile:
+    """One event file, written synchronously: ``events.out.tfevents.*``."""
+
+    def __init__(self, logdir: str, purge_step: int | None):
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+        os.makedirs(logdir, exist_ok=True)
+        # The file name carries the time and host, and a unique suffix so that
+        # two writers opened in the same second never share a file.
+        self._file = EventsWriter(
+            os.path.join(logdir, "events"), f".{uuid.uuid4().hex[:8]}"
+        )
+        self._event = Event
+        self._flushed = time.monotonic()
+        if purge_step is not None:
+            # TensorBoard drops earlier files' events at steps >= purge_step.
+            self._file.write_event(
+                Event(
+                    step=purge_step,
+                    wall_time=time.time(),
+                    session_log=SessionLog(status=SessionLog.START),
+                )
+            )
+
+    def add_summary(self, summary, step: int) -> None:
+        """Appends ``summary`` as an event at ``step``."""
+        self._file.write_event(
+            self._event(wall_time=time.time(), step=int(step), summary=summary)
+        )
+        if time.monotonic() - self._flushed >= FLUSH_SECS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Writes the buffered records to disk."""
+        self._file.flush()
+        self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        """Flushes and closes the file."""
+        self._file.close()
 
 
 def tag(name: str) -> str:
@@ -121,16 +171,12 @@ class Writer:
 
     def _open(self):
         if self._writer is None:
-            from tensorboardX import SummaryWriter  # no TensorFlow import
-
             target = self.directory
             if storage.is_remote(self.directory):
                 self._local = tempfile.TemporaryDirectory(prefix="calib_jax_tb_")
                 target = self._local.name
                 self._uploaded = time.monotonic()
-            self._writer = SummaryWriter(
-                os.fspath(target), flush_secs=30, purge_step=self.purge_step
-            )
+            self._writer = _EventFile(os.fspath(target), self.purge_step)
         return self._writer
 
     def resume_at(self, step: int) -> None:
@@ -160,9 +206,11 @@ class Writer:
         """
         if jax.process_index() != 0 or not values:
             return
+        from tensorboardX import summary  # no TensorFlow import
+
         writer = self._open()
         for name, value in values.items():
-            writer.add_scalar(tag(name), float(value), int(step))
+            writer.add_summary(summary.scalar(tag(name), float(value)), step)
         self._wrote()
 
     def image(self, tag: str, step: int, fig) -> None:
@@ -173,7 +221,10 @@ class Writer:
         """Writes RGB pixels ``uint8 [H, W, 3]`` as an image at ``step``."""
         if jax.process_index() != 0:
             return
-        self._open().add_image(tag, np.asarray(pixels), int(step), dataformats="HWC")
+        from tensorboardX import summary  # no TensorFlow import
+
+        image = summary.image(tag, np.asarray(pixels), dataformats="HWC")
+        self._open().add_summary(image, step)
         self._wrote()
 
     def reliability(self, tag: str, step: int, logits, labels, **kwargs) -> None:

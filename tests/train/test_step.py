@@ -87,7 +87,9 @@ def test_per_device_statistics_differ_from_global_and_match_shard_means():
 def test_extra_hook_sets_the_extra_state_and_adds_its_metrics():
     model = MLP(hidden=(8,))
     tx = optax.sgd(0.1)
-    state = create(model, tx, jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    state = jax.jit(lambda r: create(model, tx, r, jnp.zeros((1, 8, 8, 1))))(
+        jax.random.key(0)
+    )
     state = state.replace(extra={"n": jnp.float32(0.0)})
 
     def hook(old, logits, labels, mask):
@@ -96,15 +98,16 @@ def test_extra_hook_sets_the_extra_state_and_adds_its_metrics():
 
     loss = losses.composite([dict(name="cross_entropy")])
     fwd = step_lib.model_forward(model)
-    step = jax.jit(step_lib.make_train_step(fwd, loss, tx, extra_hook=hook))
-    plain = jax.jit(step_lib.make_train_step(fwd, loss, tx))
+    hooked = step_lib.make_train_step(fwd, loss, tx, extra_hook=hook)
+    plain = step_lib.make_train_step(fwd, loss, tx)
+    # Both in one compiled call: the step with the hook and without it.
+    both = jax.jit(lambda s, p, b: (hooked(s, b), plain(p, b)))
     xs, ys = _data(steps=2, batch=6)
     mask = np.array([1, 1, 1, 1, 0, 0], bool)
-    want_state = state
+    want_state = state.replace(extra={})
     for i in range(2):
         batch = {"image": xs[i], "label": ys[i], "mask": mask}
-        state, metrics = step(state, batch)
-        want_state, want = plain(want_state, batch)
+        (state, metrics), (want_state, want) = both(state, want_state, batch)
         assert float(metrics["hook/n"]) == 4.0 * (i + 1) == float(state.extra["n"])
         assert int(metrics["hook/label_sum"]) == int(ys[i].sum())
         # The hook adds its metrics and changes nothing else.

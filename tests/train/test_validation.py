@@ -24,7 +24,10 @@ def test_a_valid_config_passes_and_gives_its_dataset():
             r"Unknown dataset 'mnist'",
         ),
         (lambda c: setattr(c, "batch_size", 12), r"batch_size=12 is not divisible"),
-        (lambda c: setattr(c.loss.cross_entropy, "weight", "x"), r"weight must be a"),
+        (
+            lambda c: setattr(c, "loss", ({"name": "focal", "gama": 2.0},)),
+            r"Loss 'focal' has no hyperparameter 'gama'",
+        ),
         (lambda c: setattr(c.loss, "terms", ("xent",)), r"config.loss.terms names"),
         (
             lambda c: setattr(c, "loss", ({"name": "xent"},)),

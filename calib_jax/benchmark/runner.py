@@ -43,6 +43,7 @@ def check_workdir(config: ConfigDict, workdir: epath.PathLike) -> None:
         workdir,
         filename=CONFIG_FILE,
         resumable=RESUMABLE_KEYS,
+        loss_fields=("train.loss", "train.interleaved.secondary"),
         holds="results of a different benchmark config",
     )
 

@@ -32,6 +32,8 @@ from calib_jax.train import workdir as workdir_lib
 from calib_jax.train.state import TrainState
 from calib_jax.train.validation import validate
 
+# Loss terms, compared as the terms they define (either form).
+LOSS_FIELDS = ("loss", "interleaved.secondary")
 # Keys that may differ between the config of a run and its resumption.
 RESUMABLE_KEYS = (
     "log_every",
@@ -53,7 +55,13 @@ def check_workdir(
     :func:`calib_jax.train.workdir.claim` with the trainer's file and the keys
     a resumed run may change (:data:`RESUMABLE_KEYS`).
     """
-    workdir_lib.claim(config, workdir, resumable=RESUMABLE_KEYS, write=write)
+    workdir_lib.claim(
+        config,
+        workdir,
+        resumable=RESUMABLE_KEYS,
+        loss_fields=LOSS_FIELDS,
+        write=write,
+    )
 
 
 @dataclasses.dataclass

@@ -17,12 +17,36 @@ import jax
 from etils import epath
 from ml_collections import ConfigDict
 
-from calib_jax import storage
+from calib_jax import objectives, storage
 
 
 def resolved(config: ConfigDict) -> dict:
     """``config`` as the JSON-compatible dict that is written to the workdir."""
     return json.loads(config.to_json_best_effort())
+
+
+def _as_terms(value):
+    """Loss terms in either form as one list of full term dicts (else as given)."""
+    try:
+        full = objectives.loss_terms(
+            objectives.loss_config(objectives.loss_terms(value))
+        )
+    except (TypeError, ValueError):
+        return value  # malformed: compared as written
+    return [dict(t) for t in full]
+
+
+def _with_terms(tree: dict, paths: Iterable[str]) -> dict:
+    """``tree`` with the loss fields at dotted ``paths`` as :func:`_as_terms`."""
+    out = json.loads(json.dumps(tree))
+    for path in paths:
+        *parents, key = path.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key in node:
+            node[key] = _as_terms(node[key])
+    return out
 
 
 def claim(
@@ -31,6 +55,7 @@ def claim(
     *,
     filename: str = "config.json",
     resumable: Iterable[str] = (),
+    loss_fields: Iterable[str] = (),
     holds: str = "a run of a different config",
     write: bool = True,
 ) -> epath.Path:
@@ -49,6 +74,9 @@ def claim(
       workdir: the directory, local or ``gs://``.
       filename: the file under ``workdir`` that records the resolved config.
       resumable: top-level keys that may differ between a run and its rerun.
+      loss_fields: dotted paths of loss terms (``'loss'``), compared as the
+        terms they define (:mod:`calib_jax.objectives`): a run recorded with
+        the tuple form resumes under the field form of the same terms.
       holds: what a refused workdir holds, for the message (``'a run of a
         different config'``).
       write: whether to create ``workdir`` and write ``filename`` when absent.
@@ -70,7 +98,10 @@ def claim(
     if path.exists():
         skip = frozenset(resumable)
         old = json.loads(path.read_text())
-        old, new = ({k: v for k, v in d.items() if k not in skip} for d in (old, new))
+        old, new = (
+            {k: v for k, v in _with_terms(d, loss_fields).items() if k not in skip}
+            for d in (old, new)
+        )
         if old != new:
             diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
             raise ValueError(

@@ -7,6 +7,7 @@ import json
 import pytest
 from ml_collections import ConfigDict
 
+from calib_jax import objectives
 from calib_jax.train import workdir as workdir_lib
 
 
@@ -59,3 +60,22 @@ def test_a_workdir_that_cannot_be_created_is_one_line(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ValueError, match=r"^cannot create --workdir .*f/w: "):
         workdir_lib.claim(_config(), tmp_path / "f" / "w")
+
+
+def test_a_run_recorded_with_the_tuple_form_resumes_under_the_field_form(tmp_path):
+    terms = ({"name": "cross_entropy"}, {"name": "sb_ece", "weight": 0.5})
+    old = ConfigDict({"seed": 0, "loss": objectives.loss_field(terms)})
+    old.loss = terms  # as configs wrote it before loss terms were fields
+    workdir_lib.claim(old, tmp_path, loss_fields=("loss",))
+    new = ConfigDict({"seed": 0, "loss": objectives.loss_field(terms)})
+    workdir_lib.claim(new, tmp_path, loss_fields=("loss",))  # the same terms
+    # Spelling out a default is the same objective, too.
+    new.loss.sb_ece.temperature = 0.01
+    workdir_lib.claim(new, tmp_path, loss_fields=("loss",))
+    new.loss.sb_ece.temperature = 0.005
+    with pytest.raises(ValueError, match=r"differs in: loss\)"):
+        workdir_lib.claim(new, tmp_path, loss_fields=("loss",))
+    with pytest.raises(ValueError, match=r"differs in: loss\)"):
+        workdir_lib.claim(  # without loss_fields the forms differ as written
+            ConfigDict({"seed": 0, "loss": objectives.loss_field(terms)}), tmp_path
+        )

@@ -219,3 +219,15 @@ def test_whole_objective_still_replaced_by_a_tuple_on_the_command_line():
     config = _parse("digits_ce.py", "--config.loss=({'name': 'focal', 'gamma': 2.0},)")
     assert config.loss == ({"name": "focal", "gamma": 2.0},)
     assert objectives.loss_terms(config.loss) == config.loss
+
+
+def test_a_hyperparameter_that_defaults_to_none_takes_a_value_and_back():
+    config = _parse("digits_selective.py", "--config.loss.au_pxtau.coverage=0.8")
+    (term,) = objectives.loss_terms(config.loss)
+    assert term["coverage"] == 0.8 and term["tau"] is None
+    config = _parse(
+        "digits_selective.py",
+        "--config.loss.au_pxtau.coverage=0.8",
+        "--config.loss.au_pxtau.coverage=None",
+    )
+    assert objectives.loss_terms(config.loss)[0]["coverage"] is None

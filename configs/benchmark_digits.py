@@ -6,7 +6,7 @@ Command (from the repository root)::
       --workdir /tmp/benchmark_digits
 
 The whole grid: 22 training methods (every objective of
-``calib_jax.train.objectives``, interleaved SB-ECE and MaC-Cal two-stage
+``calib_jax.objectives``, interleaved SB-ECE and MaC-Cal two-stage
 retraining on the cross-entropy run) x 16 post-hoc calibrators (14 run: Platt and
 Beta calibration are binary-only, K = 2, and are skipped on the 10 digits
 classes) x 3 seeds, an

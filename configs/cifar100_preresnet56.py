@@ -24,9 +24,8 @@ def get_config(arg=None):
     c.num_epochs = 250.0  # CIFAR-100 runs 250 epochs in that paper
     c.schedule.boundaries = (60 / 250, 120 / 250, 160 / 250)
     # App. E.2: nu = 0.01 on CIFAR-100 (except WRN).
-    c.loss = tuple(
-        dict(t, nu=0.01) if t["name"] == "au_pxtau" else dict(t) for t in c.loss
-    )
+    if "au_pxtau" in c.loss.terms:
+        c.loss.au_pxtau.nu = 0.01
     if a.runlocal:
         c.num_steps, c.batch_size, c.eval_batch_size = 2, 16, 16
     return c

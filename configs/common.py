@@ -2,14 +2,19 @@
 
 Configs build on :func:`base` one level deep (``c = common.base(); c.loss = ...``)
 and are loaded with ``lock_config=True``, so a misspelt ``--config.x=y`` is an
-error rather than a silently ignored field.
+error rather than a silently ignored field. Loss terms are config fields
+(:func:`loss`, :mod:`calib_jax.objectives`): ``--config.loss.<term>.<hp>=v``.
+
+Importing this module imports no JAX, Flax, Optax or Orbax: building a config
+(``get_config``) imports :mod:`calib_jax.losses` (JAX) only to read the
+defaults of the loss functions' hyperparameters.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from calib_jax.train import objectives
+from calib_jax import objectives
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
@@ -51,8 +56,11 @@ def base() -> ml_collections.ConfigDict:
             test_split="test",
         )
     )
-    # Loss terms: [{name, weight, **hparams}] -> calib_jax.losses.composite.
-    c.loss = (dict(name="cross_entropy", weight=1.0),)
+    # Loss terms, summed in the order of loss.terms; each term's weight and
+    # hyperparameters are fields (calib_jax.objectives), e.g.
+    # --config.loss.cross_entropy.weight=0.5; a tuple of term dicts
+    # (--config.loss="({'name': 'focal', 'gamma': 2.0},)") replaces them whole.
+    c.loss = objectives.loss_field((dict(name="cross_entropy", weight=1.0),))
 
     c.optimizer = ml_collections.ConfigDict(
         dict(
@@ -127,7 +135,9 @@ def base() -> ml_collections.ConfigDict:
         dict(
             enabled=False,
             holdout_fraction=0.1,
-            secondary=(dict(name="sb_ece", weight=1.0),),
+            secondary=objectives.loss_field(
+                (dict(name="sb_ece", weight=1.0),), "interleaved.secondary"
+            ),
         )
     )
     # MaC-Cal stage II (masked retraining of a new head on frozen features).
@@ -144,6 +154,15 @@ def base() -> ml_collections.ConfigDict:
         )
     )
     return c
+
+
+def loss(*terms: dict, what: str = "loss") -> ml_collections.ConfigDict:
+    """The config fields of loss ``terms`` (``dict(name=..., weight=1.0, **hp)``).
+
+    Every hyperparameter of each term's loss is a field (defaults from the loss
+    function), in the order given: :func:`calib_jax.objectives.loss_config`.
+    """
+    return objectives.loss_config(terms, what)
 
 
 def choose(name: str, options: dict, what: str = "loss"):
@@ -183,7 +202,7 @@ def cifar(
     c.dataset.name = dataset
     c.dataset.val_split = "val"  # the last 5000 training images
     c.model.name = model
-    c.loss = choose(objective, OBJECTIVES, "objective")
+    c.loss = loss(*choose(objective, OBJECTIVES, "objective"))
     c.optimizer.name = "sgd"
     c.optimizer.learning_rate = 0.1
     c.optimizer.momentum = 0.9

@@ -16,5 +16,5 @@ def get_config(arg=None):
     a = common.parse_arg(arg, model="mlp")
     c = common.base()
     c.model.name = a.model
-    c.loss = (dict(name="cross_entropy", weight=1.0),)
+    c.loss = common.loss(dict(name="cross_entropy", weight=1.0))
     return c

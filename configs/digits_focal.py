@@ -23,5 +23,5 @@ def get_config(arg=None):
     if a.gamma >= 0 and a.loss != "focal_adaptive":
         term["gamma"] = a.gamma
     c = common.base()
-    c.loss = (term,)
+    c.loss = common.loss(term)
     return c

@@ -18,8 +18,10 @@ def get_config(arg=None):
     a = common.parse_arg(arg, secondary="sb_ece", holdout=0.1, weight=1.0)
     common.choose(a.secondary, dict.fromkeys(("sb_ece", "s_avuc", "mmce", "mdca")))
     c = common.base()
-    c.loss = (dict(name="cross_entropy", weight=1.0),)
+    c.loss = common.loss(dict(name="cross_entropy", weight=1.0))
     c.interleaved.enabled = True
     c.interleaved.holdout_fraction = a.holdout
-    c.interleaved.secondary = (dict(name=a.secondary, weight=a.weight),)
+    c.interleaved.secondary = common.loss(
+        dict(name=a.secondary, weight=a.weight), what="interleaved.secondary"
+    )
     return c

@@ -14,5 +14,5 @@ from calib_jax.configs import common
 def get_config(arg=None):
     a = common.parse_arg(arg, epsilon=0.1)
     c = common.base()
-    c.loss = (dict(name="label_smoothing", weight=1.0, epsilon=a.epsilon),)
+    c.loss = common.loss(dict(name="label_smoothing", weight=1.0, epsilon=a.epsilon))
     return c

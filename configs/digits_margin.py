@@ -17,5 +17,7 @@ def get_config(arg=None):
     a = common.parse_arg(arg, loss="acls")
     common.choose(a.loss, dict.fromkeys(("mbls", "acls", "cpc")))
     c = common.base()
-    c.loss = (dict(name="cross_entropy", weight=1.0), dict(name=a.loss, weight=1.0))
+    c.loss = common.loss(
+        dict(name="cross_entropy", weight=1.0), dict(name=a.loss, weight=1.0)
+    )
     return c

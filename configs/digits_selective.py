@@ -44,5 +44,5 @@ def get_config(arg=None):
         raise ValueError(
             f"variant={a.variant!r} applies to loss=au_pxtau only (aurc has none)."
         )
-    c.loss = (term,)
+    c.loss = common.loss(term)
     return c

@@ -21,8 +21,7 @@ def get_config(arg=None):
     a = common.parse_arg(arg, loss="sb_ece", weight=1.0)
     common.choose(a.loss, dict.fromkeys(SECONDARY))
     c = common.base()
-    c.loss = (
-        dict(name="cross_entropy", weight=1.0),
-        dict(name=a.loss, weight=a.weight),
+    c.loss = common.loss(
+        dict(name="cross_entropy", weight=1.0), dict(name=a.loss, weight=a.weight)
     )
     return c

@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from calib_jax import data
+from calib_jax import data, objectives
 from calib_jax.train import sharded_step
 from configs import cifar10_wrn28_10
 
@@ -128,10 +128,10 @@ def test_own_objectives_come_from_each_configs_command():
         ("cifar10_resnet110", "ce", "v5e:16x16"),
         ("cifar10_resnet110", "au_pxtau", "v5e:2x2"),
     ]
-    assert [list(e[2].loss) for e, _ in work] == [
-        [{"name": "au_pxtau"}],
-        [{"name": "cross_entropy"}],
-        [{"name": "au_pxtau"}],
+    assert [e[2].loss for e, _ in work] == [
+        objectives.loss_config([{"name": "au_pxtau"}]),
+        objectives.loss_config([{"name": "cross_entropy"}]),
+        objectives.loss_config([{"name": "au_pxtau"}]),
     ]
     assert tpu_aot.benchmark_configs() == ["benchmark_cifar10", "benchmark_cifar100"]
 

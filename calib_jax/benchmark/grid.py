@@ -25,8 +25,8 @@ import copy
 from etils import epath
 from ml_collections import ConfigDict
 
-from calib_jax import posthoc, storage
-from calib_jax.train.objectives import OBJECTIVES
+from calib_jax import objectives, posthoc, storage
+from calib_jax.objectives import OBJECTIVES
 
 PROCEDURES = ("interleaved_sb_ece", "two_stage")
 METHODS: tuple[str, ...] = (*OBJECTIVES, *PROCEDURES)
@@ -121,13 +121,15 @@ def train_config(
     c.unlock()
     c.seed = int(seed)
     if method in OBJECTIVES:
-        c.loss = OBJECTIVES[method]
+        c.loss = objectives.loss_config(OBJECTIVES[method])
     elif method == "interleaved_sb_ece":
-        c.loss = OBJECTIVES["ce"]
+        c.loss = objectives.loss_config(OBJECTIVES["ce"])
         c.interleaved.enabled = True
-        c.interleaved.secondary = (dict(name="sb_ece", weight=1.0),)
+        c.interleaved.secondary = objectives.loss_config(
+            (dict(name="sb_ece", weight=1.0),), "interleaved.secondary"
+        )
     elif method == "two_stage":
-        c.loss = OBJECTIVES["ce"]
+        c.loss = objectives.loss_config(OBJECTIVES["ce"])
         c.update(copy.deepcopy(config.two_stage).to_dict())
         c.two_stage.enabled = True
         c.two_stage.stage1_workdir = str(train_dir(workdir, STAGE_ONE, seed))

@@ -16,51 +16,36 @@ import numpy as np
 from etils import epath
 from ml_collections import ConfigDict
 
-from calib_jax import data as data_lib
-from calib_jax import models, storage, tensorboard
 from calib_jax import progress as progress_lib
+from calib_jax import storage, tensorboard
+from calib_jax import train as train_lib
 from calib_jax.benchmark import evaluate, events, grid, report
-from calib_jax.train import evaluate as train_eval
-from calib_jax.train import mesh as mesh_lib
-from calib_jax.train import setup as train_setup
+from calib_jax.train import workdir as workdir_lib
 from calib_jax.train.loop import train_and_evaluate
 
 CONFIG_FILE = "benchmark_config.json"
 RESULTS_FILE = "results.jsonl"
-
-
-def _resolved(config: ConfigDict) -> dict:
-    return json.loads(config.to_json_best_effort())
+# Logging and the report's figures may change between runs of one benchmark.
+RESUMABLE_KEYS = ("log", "report")
 
 
 def check_workdir(config: ConfigDict, workdir: epath.PathLike) -> None:
     """Writes the resolved config, or refuses a workdir of another benchmark.
 
+    :func:`calib_jax.train.workdir.claim` with the benchmark's file.
+
     Raises:
-      ValueError: ``workdir`` is malformed or its bucket unreachable, or it
-        holds results of a different benchmark config.
+      ValueError: ``workdir`` is malformed, unreachable or not a directory, or
+        it holds results of a different benchmark config.
     """
-    workdir = storage.as_path(workdir, what="--workdir")
-    storage.check_reachable(workdir, what="--workdir")
-    path = workdir / CONFIG_FILE
-    new = _resolved(config)
-    if path.exists():
-        old = json.loads(path.read_text())
-        # Logging and the report's figures may change between runs.
-        old, new = (
-            {k: v for k, v in d.items() if k not in ("log", "report")}
-            for d in (old, new)
-        )
-        if old != new:
-            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-            raise ValueError(
-                f"{workdir} holds results of a different benchmark config (differs "
-                f"in: {', '.join(diff)}); use a new --workdir or the same config."
-            )
-        return
-    if jax.process_index() == 0:
-        storage.make_dirs(workdir)
-        storage.write_text(path, json.dumps(new, indent=2, sort_keys=True) + "\n")
+    workdir_lib.claim(
+        config,
+        workdir,
+        filename=CONFIG_FILE,
+        resumable=RESUMABLE_KEYS,
+        loss_fields=("train.loss", "train.interleaved.secondary"),
+        holds="results of a different benchmark config",
+    )
 
 
 def validate(config: ConfigDict, workdir: epath.Path) -> None:
@@ -78,16 +63,13 @@ def validate(config: ConfigDict, workdir: epath.Path) -> None:
         raise ValueError(
             f"config.bootstrap.confidence must lie in (0, 1), got {b.confidence}."
         )
-    # The trainer's own name checks, for every method's config.
-    dataset = data_lib.get_dataset(
-        config.train.dataset.name, data_dir=config.train.dataset.data_dir or None
-    )
-    models.from_config(config.train.model, num_classes=dataset.num_classes)
-    mesh_lib.check_batch_size(config.train.batch_size, mesh_lib.data_mesh())
-    train_eval.resolve_shifts(config.train, dataset)
-    train_eval.resolve_ood(config.train, dataset)
-    for method in config.methods:  # every check of the trainer's that needs no data
-        train_setup.check_config(grid.train_config(config, method, 0, workdir), dataset)
+    # The trainer's checks of every cell's config (the two-stage method's
+    # stage I, the ce run, included).
+    methods = list(config.methods)
+    if "two_stage" in methods and grid.STAGE_ONE not in methods:
+        methods.insert(0, grid.STAGE_ONE)
+    for method in methods:
+        train_lib.validate(grid.train_config(config, method, 0, workdir))
     check_workdir(config, workdir)
     if tensorboard.enabled(config):
         tensorboard.check_writable(events.root(workdir))

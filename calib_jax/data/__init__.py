@@ -5,11 +5,19 @@
 out-of-distribution set scored against a model's test split; :mod:`calib_jax.data.cache`
 decodes a split once into arrays; :mod:`calib_jax.data.pipeline` turns sources
 into training and eval batches; :mod:`calib_jax.data.prefetch` makes the next
-ones on a thread; :mod:`calib_jax.data.augment` and
+ones on a thread; :mod:`calib_jax.data.schedule` maps training steps to batches
+(plain or interleaved epochs); :mod:`calib_jax.data.augment` and
 :mod:`calib_jax.data.corruptions` run on device.
 """
 
-from calib_jax.data import augment, cache, corruptions, pipeline, prefetch
+from calib_jax.data import (
+    augment,
+    cache,
+    corruptions,
+    pipeline,
+    prefetch,
+    schedule,
+)
 from calib_jax.data._datasets import (
     CORRUPTION_ALIASES,
     CORRUPTION_PRESETS,
@@ -57,4 +65,5 @@ __all__ = [
     "load_digits",
     "pipeline",
     "prefetch",
+    "schedule",
 ]

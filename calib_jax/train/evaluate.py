@@ -13,7 +13,9 @@ runs on a restored checkpoint or on exported logits:
   ``shift/mean/<metric>``, ``ood/<metric>``); it is a function of the logits
   alone, so scoring exported logits gives the trainer's numbers bit for bit;
 - :func:`export_logits` and :func:`read_logits` write and read
-  ``<dir>/<set>.npz``.
+  ``<dir>/<set>.npz``;
+- :func:`evaluator` puts these together into the trainer's
+  ``evaluate(state, export=..., progress=...)``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ml_collections import ConfigDict
 
 from calib_jax import data as data_lib
 from calib_jax import metrics, storage
+from calib_jax import progress as progress_lib
 from calib_jax.data import augment as augment_lib
 from calib_jax.data import corruptions, pipeline
 from calib_jax.data import prefetch as prefetch_lib
@@ -393,6 +396,45 @@ def evaluate(
         progress=progress,
     )
     return score(logits), logits
+
+
+def evaluator(
+    config: ConfigDict,
+    sets: list[EvalSet],
+    eval_step: Callable,
+    put: Callable,
+    decoded,
+    *,
+    logits_dir: epath.PathLike,
+    ood_name: str = "",
+) -> Callable[..., dict[str, float]]:
+    """The trainer's ``evaluate(state, *, export, progress=None) -> metrics``.
+
+    Args:
+      config, sets, eval_step, put, decoded: as in :func:`evaluate`.
+      logits_dir: where ``export=True`` writes the logits of every set
+        (:func:`export_logits`; process 0 only).
+      ood_name: the OOD set's name (its file under ``logits_dir/ood/``).
+
+    Returns:
+      ``evaluate(state, *, export: bool, progress: int | None = None)``;
+      ``progress`` None shows nothing, else the level of the bar over the
+      images (0, or 1 under the benchmark's cell bar).
+    """
+
+    def run(state, *, export: bool, progress: int | None = None) -> dict:
+        show = progress is not None and jax.process_index() == 0
+        total = sum(len(s.source) for s in sets)
+        level = progress or 0
+        with progress_lib.Progress(total, enabled=show, level=level) as bar:
+            results, logits = evaluate(
+                config, sets, eval_step, state, put, decoded, progress=bar
+            )
+        if export and jax.process_index() == 0:
+            export_logits(logits_dir, logits, ood_name)
+        return results
+
+    return run
 
 
 # ---- files -------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from ml_collections import ConfigDict
 
-from calib_jax import losses, models
+from calib_jax import losses, models, objectives
 from calib_jax.data import augment as augment_lib
 from calib_jax.train import mesh as mesh_lib
 from calib_jax.train import optim
@@ -73,6 +73,25 @@ def make_model(config: ConfigDict, num_classes: int):
         ``config.model.kwargs``.
     """
     return models.from_config(config.model, num_classes=num_classes)
+
+
+def make_objective(config: ConfigDict, what: str = "loss"):
+    """The composite objective of ``config.<what>`` (``'loss'`` or
+    ``'interleaved.secondary'``), in either form of :mod:`calib_jax.objectives`.
+
+    Returns:
+      ``objective(logits, labels, where=None) -> (total, logs)``
+      (:func:`calib_jax.losses.composite`).
+
+    Raises:
+      ValueError: as :func:`calib_jax.objectives.loss_terms` and
+        :func:`calib_jax.losses.composite` (an unknown loss or
+        hyperparameter, a value outside its domain).
+    """
+    field = config
+    for key in what.split("."):
+        field = field[key]
+    return losses.composite(objectives.loss_terms(field, what))
 
 
 def make_augment(config: ConfigDict):
@@ -165,11 +184,11 @@ def build_sharded_step(
 
     Raises:
       ValueError: as :func:`make_model`, :func:`make_augment` and
-        :func:`calib_jax.losses.composite`.
+        :func:`make_objective`.
     """
-    primary = losses.composite(config.loss)
+    primary = make_objective(config, "loss")
     secondary = (
-        losses.composite(config.interleaved.secondary)
+        make_objective(config, "interleaved.secondary")
         if config.interleaved.enabled
         else None
     )

@@ -64,7 +64,9 @@ def make_train_step(
     *,
     augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
     grad_hook: Callable[[Any, TrainState, jax.Array], Any] | None = None,
-    extra_hook: Callable[[TrainState, jax.Array, jax.Array, jax.Array], Any]
+    extra_hook: Callable[
+        [TrainState, jax.Array, jax.Array, jax.Array], tuple[Any, dict[str, jax.Array]]
+    ]
     | None = None,
 ):
     """Builds ``train_step(state, batch) -> (state, metrics)``.
@@ -75,12 +77,14 @@ def make_train_step(
       tx: the optimizer.
       augment: optional on-device augmentation ``(images, rng) -> images``.
       grad_hook: optional ``(grads, state, rng) -> grads`` (MaC-Cal gradient mask).
-      extra_hook: optional ``(state, logits, labels, mask) -> new extra`` run
-        after the update (MaC-Cal's epoch statistics and ``q`` update).
+      extra_hook: optional ``(state, logits, labels, mask) -> (new extra,
+        metrics)`` run after the update (MaC-Cal's epoch statistics and ``q``
+        update); its metrics join the step's.
 
     Returns:
-      The pure step. ``metrics`` holds the loss terms and the sums
-      ``train/correct``, ``train/confidence``, ``train/count`` of the global batch.
+      The pure step. ``metrics`` holds the loss terms, the sums
+      ``train/correct``, ``train/confidence``, ``train/count`` of the global
+      batch and the metrics of ``extra_hook``.
     """
 
     def train_step(state: TrainState, batch: dict[str, jax.Array]):
@@ -108,13 +112,12 @@ def make_train_step(
             batch_stats=new_stats,
             opt_state=opt_state,
         )
+        hook_metrics = {}
         if extra_hook is not None:
-            new_state = new_state.replace(
-                extra=extra_hook(state, logits, batch["label"], mask)
-            )
+            extra, hook_metrics = extra_hook(state, logits, batch["label"], mask)
+            new_state = new_state.replace(extra=extra)
         metrics = dict(logs, **batch_sums(logits, batch["label"], mask, prefix="train"))
-        if isinstance(new_state.extra, dict) and "q" in new_state.extra:
-            metrics["two_stage/q"] = new_state.extra["q"]  # MaC-Cal retention
+        metrics.update(hook_metrics)
         return new_state, metrics
 
     return train_step

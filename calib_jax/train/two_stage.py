@@ -190,19 +190,24 @@ class StageTwo:
                 e["q"], confidence / n, correct / n, gamma=ts.gamma, bound=bound
             )
             zero = jnp.zeros((), jnp.float32)
-            return dict(
+            q = jnp.where(epoch_end, new_q, e["q"])
+            extra = dict(
                 frozen=e["frozen"],
-                q=jnp.where(epoch_end, new_q, e["q"]),
+                q=q,
                 correct=jnp.where(epoch_end, zero, correct),
                 confidence=jnp.where(epoch_end, zero, confidence),
                 count=jnp.where(epoch_end, zero, count),
             )
+            return extra, {"two_stage/q": q}  # the retention after this step
 
         return {"extra_hook": extra_hook}
 
 
-def build_stage_two(config: ConfigDict, dataset) -> StageTwo:
-    """Loads the stage-I run and returns the stage-II pieces (validates first)."""
+def check_config(config: ConfigDict) -> None:
+    """ValueError (one line, naming the field) for a bad ``config.two_stage`` number.
+
+    The stage-I workdir is checked when it is read (:func:`build_stage_two`).
+    """
     ts = config.two_stage
     if not 0.0 <= ts.q0 <= 1.0:
         raise ValueError(f"two_stage.q0 must lie in [0, 1], got {ts.q0}.")
@@ -212,6 +217,12 @@ def build_stage_two(config: ConfigDict, dataset) -> StageTwo:
         raise ValueError(
             f"two_stage.mask_every must be 'epoch' or 'step', got '{ts.mask_every}'."
         )
+
+
+def build_stage_two(config: ConfigDict, dataset) -> StageTwo:
+    """Loads the stage-I run and returns the stage-II pieces (validates first)."""
+    check_config(config)
+    ts = config.two_stage
     model, frozen = _load_stage_one(config, dataset)
     stage = StageTwo(
         config=config,

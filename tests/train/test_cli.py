@@ -136,6 +136,26 @@ def test_config_typo_is_rejected(tmp_path):
     assert "num_stepz" in _one_line(result.stderr)
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "--config.loss.sb_ece.temprature=0.005",
+            'Did you mean "temperature" instead of "temprature"?',
+        ),
+        ("--config.loss.sb_ec.temperature=0.005", 'Did you mean "sb_ece"'),
+    ],
+)
+def test_loss_hyperparameter_typo_is_one_line_with_a_suggestion(
+    tmp_path, override, message
+):
+    result = _cli.run("digits_soft_calibration.py", tmp_path / "w", override)
+    assert result.returncode == 2
+    line = _one_line(result.stderr)
+    assert line.startswith("error: bad --config override: ") and message in line
+    assert not (tmp_path / "w").exists()
+
+
 @pytest.mark.long
 def test_workdir_of_another_config_is_refused_and_kept(tmp_path):
     assert _cli.run("digits_ce.py", tmp_path, *QUICK).returncode == 0

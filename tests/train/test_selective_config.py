@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import pytest
 
+from calib_jax import objectives
 from calib_jax.train import loop
 from configs import digits_selective
 
 
+def _terms(arg):
+    return objectives.loss_terms(digits_selective.get_config(arg).loss)
+
+
 def test_weight_grad_switch_reaches_the_loss_term():
-    (term,) = digits_selective.get_config("loss=au_pxtau").loss
+    (term,) = _terms("loss=au_pxtau")
     assert term["name"] == "au_pxtau" and term["weight_grad"] is True
-    (term,) = digits_selective.get_config("loss=au_pxtau,weight_grad=false").loss
+    (term,) = _terms("loss=au_pxtau,weight_grad=false")
     assert term["weight_grad"] is False
-    (term,) = digits_selective.get_config("loss=aurc").loss
+    (term,) = _terms("loss=aurc")
     assert term["name"] == "aurc" and "weight_grad" not in term
     with pytest.raises(ValueError, match="applies to loss=au_pxtau only"):
         digits_selective.get_config("loss=aurc,weight_grad=false")
-    (term,) = digits_selective.get_config("loss=au_pxtau,variant=released_code").loss
+    (term,) = _terms("loss=au_pxtau,variant=released_code")
     assert term["variant"] == "released_code" and term["num_bins"] == 64
     with pytest.raises(ValueError, match="applies to loss=au_pxtau only"):
         digits_selective.get_config("loss=aurc,variant=released_code")

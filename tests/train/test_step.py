@@ -82,3 +82,39 @@ def test_per_device_statistics_differ_from_global_and_match_shard_means():
     np.testing.assert_allclose(local[0], np.mean(shard), rtol=1e-5)
     np.testing.assert_allclose(glob[0], float(losses.sb_ece(logits, ys[0])), rtol=1e-5)
     assert abs(local[0] - glob[0]) > 1e-4
+
+
+def test_extra_hook_sets_the_extra_state_and_adds_its_metrics():
+    model = MLP(hidden=(8,))
+    tx = optax.sgd(0.1)
+    state = jax.jit(lambda r: create(model, tx, r, jnp.zeros((1, 8, 8, 1))))(
+        jax.random.key(0)
+    )
+    state = state.replace(extra={"n": jnp.float32(0.0)})
+
+    def hook(old, logits, labels, mask):
+        n = old.extra["n"] + jnp.sum(mask.astype(jnp.float32))
+        return {"n": n}, {"hook/n": n, "hook/label_sum": jnp.sum(labels)}
+
+    loss = losses.composite([dict(name="cross_entropy")])
+    fwd = step_lib.model_forward(model)
+    hooked = step_lib.make_train_step(fwd, loss, tx, extra_hook=hook)
+    plain = step_lib.make_train_step(fwd, loss, tx)
+    # Both in one compiled call: the step with the hook and without it.
+    both = jax.jit(lambda s, p, b: (hooked(s, b), plain(p, b)))
+    xs, ys = _data(steps=2, batch=6)
+    mask = np.array([1, 1, 1, 1, 0, 0], bool)
+    want_state = state.replace(extra={})
+    for i in range(2):
+        batch = {"image": xs[i], "label": ys[i], "mask": mask}
+        (state, metrics), (want_state, want) = both(state, want_state, batch)
+        assert float(metrics["hook/n"]) == 4.0 * (i + 1) == float(state.extra["n"])
+        assert int(metrics["hook/label_sum"]) == int(ys[i].sum())
+        # The hook adds its metrics and changes nothing else.
+        assert set(metrics) == set(want) | {"hook/n", "hook/label_sum"}
+        for key, value in want.items():
+            np.testing.assert_array_equal(metrics[key], value)
+        for a, b in zip(
+            jax.tree.leaves(state.params), jax.tree.leaves(want_state.params)
+        ):
+            np.testing.assert_array_equal(a, b)

@@ -51,6 +51,8 @@ def test_stage_two_moves_only_the_head_and_q_follows_eq12(stage_one, tmp_path):
         state, metrics = run.step(state, step)
         m = jax.device_get(metrics)
         sums += [m["train/correct"], m["train/confidence"], m["train/count"]]
+        # The retention in force after the step, logged through the stage's hook.
+        assert m["two_stage/q"] == jax.device_get(state.extra["q"])
         if step == STEPS_PER_EPOCH - 2:
             # Within epoch 1 one mask is in force: plain SGD changes only the
             # kept kernel entries (Eq. 11), and about a fraction q = 0.5 is kept.

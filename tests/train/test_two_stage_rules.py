@@ -6,8 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from ml_collections import ConfigDict
 
 from calib_jax.train import two_stage
+from calib_jax.train.state import TrainState
 
 
 def test_bound_decays_from_eta_init_to_eta_final():
@@ -69,3 +71,38 @@ def test_masks_cover_kernels_only_with_rate_q():
     np.testing.assert_array_equal(masks["bottleneck"]["bias"], 1.0)
     np.testing.assert_array_equal(masks["out"]["bias"], 1.0)
     assert abs(np.asarray(masks["out"]["kernel"]).mean() - 0.3) < 0.05
+
+
+def test_hook_reports_the_retention_q_as_its_metric():
+    ts = ConfigDict(dict(q0=0.5, eta_init=0.1, eta_final=0.001, gamma=0.9))
+    stage = two_stage.StageTwo(ConfigDict({"two_stage": ts}), None, None, {}, (8, 8, 1))
+    hook = stage.hooks(steps_per_epoch=2, num_steps=4)["extra_hook"]
+    logits = jnp.array([[2.0, 0.0], [0.0, 1.0], [3.0, 0.0]])
+    labels = jnp.array([0, 0, 0])
+    mask = jnp.array([True, True, False])
+    zero = jnp.float32(0.0)
+    extra = dict(
+        frozen={}, q=jnp.float32(0.5), correct=zero, confidence=zero, count=zero
+    )
+
+    def state(step, extra):
+        return TrainState(
+            step=jnp.int32(step),
+            params={},
+            batch_stats={},
+            opt_state=(),
+            rng=None,
+            extra=extra,
+        )
+
+    extra, metrics = hook(state(0, extra), logits, labels, mask)  # mid-epoch
+    assert float(metrics["two_stage/q"]) == 0.5 == float(extra["q"])
+    assert float(extra["count"]) == 2.0 and float(extra["correct"]) == 1.0
+    extra, metrics = hook(state(1, extra), logits, labels, mask)  # epoch 1 ends
+    p = jax.nn.softmax(logits[:2], axis=-1).max(-1)
+    conf, acc = float(2 * p.sum() / 4), 0.5
+    bound = 0.1 * math.exp(math.log(0.001 / 0.1) * 1 / 2)
+    want = 0.5 + min(max(conf - 0.9 * acc, -bound), bound)
+    np.testing.assert_allclose(float(metrics["two_stage/q"]), want, rtol=1e-6)
+    assert float(metrics["two_stage/q"]) == float(extra["q"])
+    assert float(extra["count"]) == 0.0

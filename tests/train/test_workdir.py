@@ -1,0 +1,81 @@
+"""calib_jax.train.workdir: one claim of a workdir for the trainer and the benchmark."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ml_collections import ConfigDict
+
+from calib_jax import objectives
+from calib_jax.train import workdir as workdir_lib
+
+
+def _config(**kw):
+    return ConfigDict(dict(dict(seed=0, lr=0.1, log=dict(every=5)), **kw))
+
+
+def test_a_new_workdir_records_the_resolved_config(tmp_path):
+    path = workdir_lib.claim(_config(), tmp_path / "w", filename="run.json")
+    assert path == tmp_path / "w"
+    saved = (tmp_path / "w" / "run.json").read_text()
+    assert json.loads(saved) == {"seed": 0, "lr": 0.1, "log": {"every": 5}}
+    assert saved.endswith("\n") and saved.index('"log"') < saved.index('"seed"')
+
+
+def test_the_same_config_resumes_and_resumable_keys_may_change(tmp_path):
+    workdir_lib.claim(_config(), tmp_path, resumable=("log",))
+    before = (tmp_path / "config.json").read_text()
+    workdir_lib.claim(_config(), tmp_path)
+    workdir_lib.claim(_config(log=dict(every=50)), tmp_path, resumable=("log",))
+    assert (tmp_path / "config.json").read_text() == before  # never rewritten
+
+
+def test_another_config_is_refused_naming_the_keys(tmp_path):
+    workdir_lib.claim(_config(), tmp_path)
+    with pytest.raises(
+        ValueError,
+        match=r"holds a run of a different config \(differs in: lr, seed\); use a "
+        r"new --workdir or the same config\.$",
+    ):
+        workdir_lib.claim(_config(seed=1, lr=0.2), tmp_path)
+    with pytest.raises(ValueError, match=r"holds results of X \(differs in: log\)"):
+        workdir_lib.claim(_config(log=dict(every=6)), tmp_path, holds="results of X")
+
+
+def test_check_only_writes_nothing(tmp_path):
+    workdir_lib.claim(_config(), tmp_path / "w", write=False)
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_file_is_no_workdir(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(
+        ValueError, match=r"--workdir .*f exists and is not a directory"
+    ):
+        workdir_lib.claim(_config(), tmp_path / "f")
+
+
+def test_a_workdir_that_cannot_be_created_is_one_line(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match=r"^cannot create --workdir .*f/w: "):
+        workdir_lib.claim(_config(), tmp_path / "f" / "w")
+
+
+def test_a_run_recorded_with_the_tuple_form_resumes_under_the_field_form(tmp_path):
+    terms = ({"name": "cross_entropy"}, {"name": "sb_ece", "weight": 0.5})
+    old = ConfigDict({"seed": 0, "loss": objectives.loss_field(terms)})
+    old.loss = terms  # as configs wrote it before loss terms were fields
+    workdir_lib.claim(old, tmp_path, loss_fields=("loss",))
+    new = ConfigDict({"seed": 0, "loss": objectives.loss_field(terms)})
+    workdir_lib.claim(new, tmp_path, loss_fields=("loss",))  # the same terms
+    # Spelling out a default is the same objective, too.
+    new.loss.sb_ece.temperature = 0.01
+    workdir_lib.claim(new, tmp_path, loss_fields=("loss",))
+    new.loss.sb_ece.temperature = 0.005
+    with pytest.raises(ValueError, match=r"differs in: loss\)"):
+        workdir_lib.claim(new, tmp_path, loss_fields=("loss",))
+    with pytest.raises(ValueError, match=r"differs in: loss\)"):
+        workdir_lib.claim(  # without loss_fields the forms differ as written
+            ConfigDict({"seed": 0, "loss": objectives.loss_field(terms)}), tmp_path
+        )

@@ -114,3 +114,12 @@ def test_summary_functions_are_cached_and_carry_the_conventions():
         "num_bins": 12,
     }
     assert set(fns) == set(metrics.SUMMARY_METRICS)
+
+
+def test_bad_input_raises_the_metrics_own_error():
+    probs, labels = _case(10)
+    logits = np.log(probs) * 3.0  # not on the simplex
+    with pytest.raises(ValueError, match="softmax"):
+        metrics.summary(logits, labels)
+    with pytest.raises(ValueError, match="labels"):
+        metrics.summary(probs, labels + K)

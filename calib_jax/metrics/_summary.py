@@ -140,8 +140,9 @@ def summary(
     - ``adaptive_ece``: the :math:`\ell_1` ECE with equal-mass bins [3];
     - ``classwise_ece``: the mean over classes of the equal-width ECE of
       :math:`p_{ik}` against :math:`[y_i = k]` (Def. A.1, Eq. (18) of [4]);
-    - ``ks_error``: :math:`\max_i |\frac1N\sum_{j \le i} ([\hat y_j = y_j] -
-      c_j)|` over confidences sorted ascending [5];
+    - ``ks_error``: :math:`\max_\sigma |\frac1N\sum_{j:\,c_j \le \sigma}
+      ([\hat y_j = y_j] - c_j)|` over the distinct confidences :math:`\sigma`
+      [5];
     - ``brier``: :math:`\frac1N\sum_i\sum_k (p_{ik} - [y_i = k])^2` (Def. A.2,
       Eq. (19) of [4]);
     - ``nll``: :math:`-\frac1N\sum_i \log \max(p_{iy_i}, t)`, :math:`t` the

@@ -6,6 +6,8 @@ evaluation sets of one size are stacked and every metric is computed for all
 of them in one jitted, vmapped call. The clean row of each calibrator also
 carries OOD detection scores (:data:`OOD_FIELDS`) and bootstrap percentile
 intervals of :data:`BOOTSTRAP_METRICS` (``<metric>_lo``, ``<metric>_hi``).
+Every result row has a reliability row with the per-bin data of its set
+(:func:`cell_results`), from which the report draws its reliability diagrams.
 """
 
 from __future__ import annotations

@@ -87,8 +87,7 @@ def reliability_diagram(
     Raises:
       ValueError: negative ``min_count``.
     """
-    if not isinstance(min_count, (int, np.integer)) or min_count < 0:
-        raise ValueError(f"min_count must be an int >= 0, got {min_count!r}.")
+    _check_min_count(min_count)
     bins = metrics.reliability_bins(
         probs,
         labels,
@@ -107,6 +106,41 @@ def reliability_diagram(
             where=where,
         )
     )
+    return reliability_diagram_of_bins(
+        bins, ece=value, min_count=min_count, title=title, path=path
+    )
+
+
+def _check_min_count(min_count) -> None:
+    if not isinstance(min_count, (int, np.integer)) or min_count < 0:
+        raise ValueError(f"min_count must be an int >= 0, got {min_count!r}.")
+
+
+def reliability_diagram_of_bins(
+    bins,
+    *,
+    ece: float,
+    min_count: int = 10,
+    title: str | None = None,
+    path: str | os.PathLike | None = None,
+):
+    """The figure of :func:`reliability_diagram` from per-bin data already computed.
+
+    Args:
+      bins: a mapping with ``count``, ``confidence``, ``accuracy``, ``lower``
+        and ``upper`` arrays (or lists) of one length, as
+        :func:`calib_jax.metrics.reliability_bins` returns.
+      ece: the ECE of the same bins, shown in the title.
+      min_count, title, path: as :func:`reliability_diagram`.
+
+    Returns:
+      The ``matplotlib.figure.Figure``.
+
+    Raises:
+      ValueError: negative ``min_count``.
+    """
+    _check_min_count(min_count)
+    value = float(ece)
     count = np.asarray(bins["count"])
     conf = np.asarray(bins["confidence"])
     acc = np.asarray(bins["accuracy"])

@@ -13,8 +13,10 @@ use them, and every claim states the smallest difference its seeds could
 detect (2 x the paired SEM).
 """
 
+from calib_jax.benchmark.aggregation import aggregate
 from calib_jax.benchmark.grid import CALIBRATORS, METHODS
-from calib_jax.benchmark.report import aggregate, claims, write_report
+from calib_jax.benchmark.paper_claims import claims
+from calib_jax.benchmark.report import write_report
 from calib_jax.benchmark.runner import run
 
 __all__ = ["CALIBRATORS", "METHODS", "aggregate", "claims", "run", "write_report"]

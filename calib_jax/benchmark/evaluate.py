@@ -6,6 +6,8 @@ evaluation sets of one size are stacked and every metric is computed for all
 of them in one jitted, vmapped call. The clean row of each calibrator also
 carries OOD detection scores (:data:`OOD_FIELDS`) and bootstrap percentile
 intervals of :data:`BOOTSTRAP_METRICS` (``<metric>_lo``, ``<metric>_hi``).
+Every result row has a reliability row with the per-bin data of its set
+(:func:`cell_results`), from which the report draws its reliability diagrams.
 """
 
 from __future__ import annotations
@@ -23,18 +25,9 @@ from calib_jax import metrics, posthoc, storage
 from calib_jax.benchmark import conformal_sets
 from calib_jax.train import evaluate as train_eval
 
-# Row keys of the metrics, with the convention of each (report headers name it).
-METRICS: dict[str, str] = {
-    "accuracy": "top-1 accuracy",
-    "ece_l2_em": "ECE, 15 equal-mass bins, l2 (soft-calibration paper)",
-    "ece": "ECE, 15 equal-width bins, l1 (Guo et al.; focal/ACLS papers)",
-    "adaptive_ece": "adaptive ECE, 15 equal-mass bins, l1",
-    "classwise_ece": "classwise ECE, 15 equal-width bins, l1",
-    "ks_error": "KS error (Gupta et al. 2021)",
-    "brier": "Brier score",
-    "nll": "negative log-likelihood",
-    "aurc": "AURC (maximum softmax probability)",
-}
+# Row keys of the metrics, with the convention of each (report headers name it):
+# every key of :data:`calib_jax.metrics.SUMMARY_METRICS`, in its order.
+METRICS: dict[str, str] = {k: m.description for k, m in metrics.SUMMARY_METRICS.items()}
 
 
 # Row keys of the OOD scores (test split positive, maximum softmax probability).
@@ -44,6 +37,11 @@ OOD_FIELDS: dict[str, str] = {
     "ood_aupr_out": "AUPR-Out",
     "ood_fpr_at_95_tpr": "FPR at 95% TPR",
 }
+# The file of reliability rows, in a cell's directory and in the workdir.
+RELIABILITY_FILE = "reliability.jsonl"
+# Per-bin fields of a reliability row (as :func:`calib_jax.metrics.reliability_bins`
+# returns them, equal-width bins), besides the row's key fields and its ``ece``.
+RELIABILITY_BINS = ("count", "confidence", "accuracy", "lower", "upper")
 # Metrics of the report's main tables with per-cell bootstrap intervals.
 BOOTSTRAP_METRICS = ("accuracy", "ece_l2_em", "ece", "nll")
 _BOOTSTRAP_SEED = 20_000
@@ -56,22 +54,6 @@ def bootstrap_key(method: str, seed: int) -> jax.Array:
     return jax.random.fold_in(key, seed)
 
 
-@functools.cache
-def _bootstrap_metrics(num_bins: int) -> dict:
-    """``{name: metric}`` of :data:`BOOTSTRAP_METRICS`, as in :data:`METRICS`.
-
-    Cached, so that every call passes the same functions (one compile).
-    """
-    return {
-        "accuracy": metrics.accuracy,
-        "ece_l2_em": functools.partial(
-            metrics.ece, num_bins=num_bins, binning="equal_mass", p=2
-        ),
-        "ece": functools.partial(metrics.ece, num_bins=num_bins),
-        "nll": metrics.nll,
-    }
-
-
 def bootstrap_fields(
     logits, labels, *, key, num_samples: int, confidence: float, num_bins: int = 15
 ) -> dict[str, float]:
@@ -81,8 +63,9 @@ def bootstrap_fields(
     on the same ``num_samples`` resamples drawn with ``key``.
     """
     probs = jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+    functions = metrics.summary_functions(num_bins)
     res = metrics.bootstrap(
-        _bootstrap_metrics(num_bins),
+        {name: functions[name] for name in BOOTSTRAP_METRICS},
         probs,
         jnp.asarray(labels),
         num_samples=num_samples,
@@ -95,23 +78,6 @@ def bootstrap_fields(
         out[f"{name}_lo"] = float(lower[name])
         out[f"{name}_hi"] = float(upper[name])
     return out
-
-
-def _all_metrics(probs: jax.Array, labels: jax.Array, num_bins: int) -> dict:
-    """Every metric of :data:`METRICS` for one evaluation set (jittable core)."""
-    return {
-        "accuracy": metrics.accuracy(probs, labels),
-        "ece_l2_em": metrics.ece(
-            probs, labels, num_bins=num_bins, binning="equal_mass", p=2
-        ),
-        "ece": metrics.ece(probs, labels, num_bins=num_bins),
-        "adaptive_ece": metrics.adaptive_ece(probs, labels, num_bins=num_bins),
-        "classwise_ece": metrics.classwise_ece(probs, labels, num_bins=num_bins),
-        "ks_error": metrics.ks_error(probs, labels),
-        "brier": metrics.brier(probs, labels),
-        "nll": metrics.nll(probs, labels),
-        "aurc": metrics.aurc(probs, labels),
-    }
 
 
 @functools.partial(jax.jit, static_argnames="num_bins")
@@ -127,7 +93,27 @@ def stacked_metrics(logits: jax.Array, labels: jax.Array, *, num_bins: int = 15)
       ``{metric: float32 [S]}`` for every key of :data:`METRICS`.
     """
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    return jax.vmap(lambda p, y: _all_metrics(p, y, num_bins))(probs, labels)
+    return jax.vmap(lambda p, y: metrics.summary(p, y, num_bins=num_bins))(
+        probs, labels
+    )
+
+
+@functools.partial(jax.jit, static_argnames="num_bins")
+def stacked_reliability(logits: jax.Array, labels: jax.Array, *, num_bins: int = 15):
+    """Reliability-diagram bins of ``S`` evaluation sets of one size.
+
+    Args:
+      logits: float ``[S, N, K]`` (calibrated) logits.
+      labels: int ``[S, N]`` labels.
+      num_bins: static number of equal-width bins.
+
+    Returns:
+      ``{field: [S, num_bins]}`` of :func:`calib_jax.metrics.reliability_bins`.
+    """
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    return jax.vmap(lambda p, y: metrics.reliability_bins(p, y, num_bins=num_bins))(
+        probs, labels
+    )
 
 
 def load_logits(
@@ -171,7 +157,12 @@ def _fit(name: str, logits, labels):
     return cal.apply, summary
 
 
-def cell_rows(
+def cell_rows(logits: dict[str, tuple[np.ndarray, np.ndarray]], **kw) -> list[dict]:
+    """The result rows of :func:`cell_results` (same arguments)."""
+    return cell_results(logits, **kw)[0]
+
+
+def cell_results(
     logits: dict[str, tuple[np.ndarray, np.ndarray]],
     *,
     method: str,
@@ -181,8 +172,8 @@ def cell_rows(
     bootstrap_samples: int = 0,
     confidence: float = 0.95,
     progress: Callable[[str], None] | None = None,
-) -> list[dict]:
-    """Result rows of one trained cell: one per calibrator x evaluation set.
+) -> tuple[list[dict], list[dict]]:
+    """Result and reliability rows of one trained cell, one per calibrator x set.
 
     Args:
       logits: ``{split: (logits, labels)}`` from :func:`load_logits`.
@@ -198,7 +189,8 @@ def cell_rows(
         calibrator is fitted and scored.
 
     Returns:
-      Rows ``{method, calibrator, seed, shift, corruption, severity, **metrics}``
+      ``(rows, reliability)``. Rows are
+      ``{method, calibrator, seed, shift, corruption, severity, **metrics}``
       (with the conformal-set fields of :mod:`conformal_sets`)
       with ``shift='clean'`` (severity 0) for the test set and
       ``'<corruption>/<severity>'`` for shifted sets; the validation set is
@@ -206,7 +198,10 @@ def cell_rows(
       when ``logits`` holds ``'ood'`` (the calibrated test set against the
       calibrated OOD set) and the bootstrap fields when asked for.
       Binary-only calibrators (``'platt'``, ``'beta'``) give no rows when
-      K != 2.
+      K != 2. ``reliability`` holds, in the same order, the same six key
+      fields with the reliability-diagram bins of the set (:data:`RELIABILITY_BINS`,
+      ``num_bins`` equal-width bins, lists) and its ``ece``: the data of the
+      report's reliability diagrams.
     """
     from calib_jax.benchmark import grid
 
@@ -218,11 +213,12 @@ def cell_rows(
     groups: dict[tuple, list[str]] = {}
     for s in splits:
         groups.setdefault(logits[s][0].shape, []).append(s)
-    rows = []
+    rows, reliability = [], []
     for cal_name in calibrators:
         apply, params = _fit(cal_name, val_z, val_y)
         predictors = conformal_sets.fit(apply(val_z), val_y)
         values: dict[str, dict[str, float]] = {}
+        bins: dict[str, dict[str, list]] = {}
         for shape, names in groups.items():
             z = np.stack([logits[s][0] for s in names])
             y = np.stack([logits[s][1] for s in names])
@@ -231,8 +227,10 @@ def cell_rows(
                 test_z = z[names.index("test")]
             out = jax.device_get(stacked_metrics(z, y, num_bins=num_bins))
             out.update(conformal_sets.scores(predictors, z, y))
+            rel = jax.device_get(stacked_reliability(z, y, num_bins=num_bins))
             for i, s in enumerate(names):
                 values[s] = {k: float(v[i]) for k, v in out.items()}
+                bins[s] = {k: rel[k][i].tolist() for k in RELIABILITY_BINS}
         if ood is not None:
             scores = train_eval.ood_metrics(test_z, np.asarray(apply(ood[0])))
             values["test"].update({f"ood_{k}": v for k, v in scores.items()})
@@ -252,18 +250,22 @@ def cell_rows(
             if s != "test":
                 corruption, sev = s.split("/")
                 severity = int(sev)
+            key = {
+                "method": method,
+                "calibrator": cal_name,
+                "seed": int(seed),
+                "shift": "clean" if s == "test" else s,
+                "corruption": corruption,
+                "severity": severity,
+            }
             rows.append(
                 dict(
-                    method=method,
-                    calibrator=cal_name,
-                    seed=int(seed),
-                    shift="clean" if s == "test" else s,
-                    corruption=corruption,
-                    severity=severity,
+                    **key,
                     **values[s],
                     **({"fit": params} if s == "test" and params else {}),
                 )
             )
+            reliability.append(dict(**key, **bins[s], ece=values[s]["ece"]))
         if progress is not None:
             progress(cal_name)
-    return rows
+    return rows, reliability

@@ -146,8 +146,8 @@ def run_cell(
     seed: int,
     *,
     progress: bool = False,
-) -> list[dict]:
-    """Trains (or resumes) one cell and returns its result rows.
+) -> tuple[list[dict], list[dict]]:
+    """Trains (or resumes) one cell; returns its result and reliability rows.
 
     ``progress`` shows bars (under the cell bar) over the training steps, the
     evaluation sets and the post-hoc fits.
@@ -166,7 +166,7 @@ def run_cell(
         fits.update(1)
 
     with fits:
-        return evaluate.cell_rows(
+        return evaluate.cell_results(
             evaluate.load_logits(train_dir, config.train.ood.dataset),
             method=method,
             seed=seed,
@@ -195,28 +195,33 @@ def run(config: ConfigDict, workdir: str | epath.PathLike) -> epath.Path:
     primary = jax.process_index() == 0
     tb = tensorboard.enabled(config) and primary
     bar = progress_lib.bar(len(todo), desc="benchmark", unit="cell", enabled=primary)
-    all_rows = []
+    all_rows, all_reliability = [], []
     for method, seed in todo:
         bar.set_postfix_str(f"{method} seed {seed}", refresh=False)
         path = grid.cell_dir(workdir, method, seed) / "rows.jsonl"
-        if path.exists():
+        bins_path = path.parent / evaluate.RELIABILITY_FILE
+        if path.exists() and bins_path.exists():
             all_rows.extend(read_rows(path))
+            all_reliability.extend(read_rows(bins_path))
             bar.update(1)
             continue
         start = time.perf_counter()
-        rows = run_cell(config, workdir, method, seed, progress=primary)
+        rows, reliability = run_cell(config, workdir, method, seed, progress=primary)
         if primary:
+            _write_rows(bins_path, reliability)  # before rows.jsonl, which ends a cell
             _write_rows(path, rows)
             bar.write(_summary_line(method, seed, rows, time.perf_counter() - start))
             if tb:
                 events.write_cell(workdir, method, seed, rows)
         all_rows.extend(rows)
+        all_reliability.extend(reliability)
         bar.update(1)
     bar.close()
     if not primary:
         return workdir / report.REPORT_FILE
     _write_rows(workdir / RESULTS_FILE, all_rows)
-    path = report.write_report(config, workdir, all_rows)
+    _write_rows(workdir / evaluate.RELIABILITY_FILE, all_reliability)
+    path = report.write_report(config, workdir, all_rows, all_reliability)
     if tb:
         events.write_figures(workdir, report.figures(path.read_text()))
     return path

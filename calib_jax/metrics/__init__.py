@@ -27,6 +27,12 @@ from calib_jax.metrics._risk_coverage import augrc, coverage_at_risk, risk_at_co
 from calib_jax.metrics._selective import aurc, eaurc
 from calib_jax.metrics._smooth import smooth_ece, smooth_reliability
 from calib_jax.metrics._stats import BinnedStats
+from calib_jax.metrics._summary import (
+    SPLIT_METRICS,
+    SUMMARY_METRICS,
+    summary,
+    summary_functions,
+)
 
 METRICS = {
     "ece": ece,
@@ -72,6 +78,8 @@ def get_metric(name: str):
 __all__ = [
     "METRICS",
     "PRESETS",
+    "SPLIT_METRICS",
+    "SUMMARY_METRICS",
     "BinnedStats",
     "BootstrapResult",
     "Convention",
@@ -101,5 +109,7 @@ __all__ = [
     "rmsce",
     "smooth_ece",
     "smooth_reliability",
+    "summary",
+    "summary_functions",
     "sweep_ece",
 ]

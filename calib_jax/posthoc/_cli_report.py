@@ -4,30 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 
-# (results.json key, table column)
-COLUMNS = (
-    ("accuracy", "acc"),
-    ("nll", "nll"),
-    ("ece", "ece"),
-    ("adaptive_ece", "ada_ece"),
-    ("classwise_ece", "cw_ece"),
-    ("brier", "brier"),
+from calib_jax import metrics as metrics_lib
+
+# (results.json key, table column): the trainer's metrics of every split.
+COLUMNS = tuple(
+    (k, metrics_lib.SUMMARY_METRICS[k].column) for k in metrics_lib.SPLIT_METRICS
 )
 
 
 def metrics(probs, labels, num_bins) -> dict[str, float]:
     """Accuracy, NLL, ECE, adaptive and classwise ECE (``num_bins`` bins) and
     Brier score of ``probs [N, K]``: the trainer's end-of-run metrics."""
-    from calib_jax import metrics as m
-
-    return {
-        "accuracy": float(m.accuracy(probs, labels)),
-        "nll": float(m.nll(probs, labels)),
-        "ece": float(m.ece(probs, labels, num_bins=num_bins)),
-        "adaptive_ece": float(m.adaptive_ece(probs, labels, num_bins=num_bins)),
-        "classwise_ece": float(m.classwise_ece(probs, labels, num_bins=num_bins)),
-        "brier": float(m.brier(probs, labels)),
-    }
+    values = metrics_lib.summary(
+        probs, labels, num_bins=num_bins, names=metrics_lib.SPLIT_METRICS
+    )
+    return {k: float(v) for k, v in values.items()}
 
 
 def params_summary(cal, test_logits) -> dict:

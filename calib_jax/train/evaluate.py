@@ -38,7 +38,7 @@ from calib_jax.data import augment as augment_lib
 from calib_jax.data import corruptions, pipeline
 from calib_jax.data import prefetch as prefetch_lib
 
-SPLIT_METRICS = ("accuracy", "nll", "ece", "adaptive_ece", "classwise_ece", "brier")
+SPLIT_METRICS = metrics.SPLIT_METRICS
 # ood/<name>: the test split (positive) against the OOD set by the maximum
 # softmax probability.
 OOD_METRICS = ("auroc", "aupr_in", "aupr_out", "fpr_at_95_tpr")
@@ -87,11 +87,8 @@ def collect_logits(
 def split_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """Accuracy, NLL, ECE (15 equal-width bins, l1), adaptive and classwise ECE, Brier."""
     probs = jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1)
-    labels = jnp.asarray(labels)
-    out = {}
-    for name in SPLIT_METRICS:
-        out[name] = float(metrics.get_metric(name)(probs, labels))
-    return out
+    values = metrics.summary(probs, jnp.asarray(labels), names=SPLIT_METRICS)
+    return {name: float(v) for name, v in values.items()}
 
 
 def ood_metrics(test_logits: np.ndarray, ood_logits: np.ndarray) -> dict[str, float]:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from calib_jax import conformal, posthoc
-from calib_jax.benchmark import conformal_sets, evaluate, report
+from calib_jax.benchmark import aggregation, conformal_sets, evaluate, tables
 
 
 def _logits(seed, n=400, k=6):
@@ -39,7 +39,7 @@ def test_rows_carry_conformal_coverage_and_size_of_each_calibrated_cell():
             assert r[f"conformal_{m}_size"] == pytest.approx(
                 float(conformal.set_size(sets)), rel=1e-6
             )
-    lines = report.conformal_table(report.Rows(rows))
+    lines = tables.conformal_table(aggregation.Rows(rows))
     assert lines[0] == "## Conformal prediction sets (alpha = 0.1)"
     table = next(ln for ln in lines if ln.startswith("| ce | ts:nll |"))
     cells = [c.strip() for c in table.strip("|").split("|")]
@@ -49,8 +49,8 @@ def test_rows_carry_conformal_coverage_and_size_of_each_calibrated_cell():
         if r["calibrator"] == "ts:nll" and r["shift"] == "clean"
     ]
     header = [c.strip() for c in lines[4].strip("|").split("|")]
-    want = report.fmt(np.mean(cov), np.std(cov, ddof=1) / np.sqrt(2))
+    want = aggregation.fmt(np.mean(cov), np.std(cov, ddof=1) / np.sqrt(2))
     assert cells[header.index("RAPS coverage")] == want
     # Rows without the fields (an older run) give no table.
     old = [{k: v for k, v in r.items() if "conformal" not in k} for r in rows]
-    assert report.conformal_table(old) == []
+    assert tables.conformal_table(old) == []

@@ -1,4 +1,5 @@
-"""OOD scores and bootstrap intervals of the benchmark rows, and their report tables.
+"""OOD scores and bootstrap intervals of the benchmark rows (their report tables:
+test_tables.py).
 
 The value tests compile every benchmark metric, conformal fit, bootstrap and
 OOD score for their own shapes (about 20 s on a shared 2-core machine): they
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from calib_jax import metrics, posthoc
-from calib_jax.benchmark import evaluate, report
+from calib_jax.benchmark import evaluate
 
 
 def _logits(seed, n=300, k=5, signal=3.0):
@@ -112,77 +113,3 @@ def test_bootstrap_intervals_are_percentiles_of_shared_resamples(cells):
         {"ece": metrics.ece}, probs, y, num_samples=64, key=key, confidence=0.9
     )
     assert row["ece_lo"] == float(res.lower["ece"])
-
-
-def _rows():
-    """Rows as cell_rows writes them (values drawn at random)."""
-    rng = np.random.default_rng(7)
-    rows = []
-    for seed in (0, 1):
-        for cal in ("none", "ts:nll"):
-            for shift in ("clean", "noise/1"):
-                r = {
-                    "method": "ce",
-                    "calibrator": cal,
-                    "seed": seed,
-                    "shift": shift,
-                    "corruption": "clean" if shift == "clean" else "noise",
-                    "severity": 0 if shift == "clean" else 1,
-                }
-                for m in evaluate.METRICS:
-                    r[m] = float(rng.uniform(0.1, 0.9))
-                if shift == "clean":
-                    for f in evaluate.OOD_FIELDS:
-                        r[f] = float(rng.uniform())
-                    for m in evaluate.BOOTSTRAP_METRICS:
-                        r[f"{m}_lo"], r[f"{m}_hi"] = r[m] - 0.01, r[m] + 0.02
-                rows.append(r)
-    return rows
-
-
-def test_report_tables_of_ood_scores_and_intervals():
-    rows = _rows()
-    lines = report.ood_table(report.Rows(rows), "digits_patches")
-    assert lines[0] == "## OOD detection against `digits_patches`"
-    header = [c.strip() for c in lines[4].strip("|").split("|")]
-    assert header == [
-        "method",
-        "calibrator",
-        "AUROC",
-        "AUPR-In",
-        "AUPR-Out",
-        "FPR at 95% TPR",
-    ]
-    line = next(ln for ln in lines if ln.startswith("| ce | ts:nll |"))
-    cells = [c.strip() for c in line.strip("|").split("|")]
-    vals = [
-        r["ood_auroc"]
-        for r in rows
-        if r["calibrator"] == "ts:nll" and r["shift"] == "clean"
-    ]
-    assert cells[2] == report.fmt(np.mean(vals), np.std(vals, ddof=1) / np.sqrt(2))
-
-    lines = report.bootstrap_table(report.Rows(rows), 0.9)
-    assert lines[0] == "## Bootstrap 90% intervals (clean test, seed 0)"
-    line = next(ln for ln in lines if ln.startswith("| ce | none |"))
-    cells = [c.strip() for c in line.strip("|").split("|")]
-    r = next(
-        r
-        for r in rows
-        if (r["calibrator"], r["seed"], r["shift"]) == ("none", 0, "clean")
-    )
-    assert cells[2] == (
-        f"{100 * r['accuracy']:.2f} [{100 * r['accuracy_lo']:.2f}, "
-        f"{100 * r['accuracy_hi']:.2f}]"
-    )
-    assert cells[5] == f"{r['nll']:.3f} [{r['nll_lo']:.3f}, {r['nll_hi']:.3f}]"
-    # Rows of a run without them: no tables.
-    old = [
-        {
-            k: v
-            for k, v in r.items()
-            if "_lo" not in k and "_hi" not in k and not k.startswith("ood_")
-        }
-        for r in rows
-    ]
-    assert report.ood_table(old) == [] and report.bootstrap_table(old) == []

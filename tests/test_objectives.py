@@ -40,6 +40,8 @@ def test_importing_a_config_imports_nothing_heavy():
     code = (
         "import sys, json\n"
         "import configs.digits_ce, calib_jax.configs.common, calib_jax.objectives\n"
+        "import configs.benchmark_digits, configs.benchmark_cifar10\n"
+        "import calib_jax.configs.benchmark_cifar100\n"
         "imported = sorted(m for m in sys.modules if m.split('.')[0] in {m!r})\n"
         "from configs import digits_ce\n"
         "digits_ce.get_config()\n"

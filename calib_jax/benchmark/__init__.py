@@ -13,10 +13,29 @@ use them, and every claim states the smallest difference its seeds could
 detect (2 x the paired SEM).
 """
 
-from calib_jax.benchmark.aggregation import aggregate
+import importlib
+
 from calib_jax.benchmark.grid import CALIBRATORS, METHODS
-from calib_jax.benchmark.paper_claims import claims
-from calib_jax.benchmark.report import write_report
-from calib_jax.benchmark.runner import run
+
+# The runner and the report import JAX and the trainer; they load at first use,
+# so that a benchmark config (which imports the grid's names) stays light.
+_LAZY = {
+    "aggregate": "calib_jax.benchmark.aggregation",
+    "claims": "calib_jax.benchmark.paper_claims",
+    "write_report": "calib_jax.benchmark.report",
+    "run": "calib_jax.benchmark.runner",
+}
 
 __all__ = ["CALIBRATORS", "METHODS", "aggregate", "claims", "run", "write_report"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

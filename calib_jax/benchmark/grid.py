@@ -25,7 +25,7 @@ import copy
 from etils import epath
 from ml_collections import ConfigDict
 
-from calib_jax import objectives, posthoc, storage
+from calib_jax import objectives, storage
 from calib_jax.objectives import OBJECTIVES
 
 PROCEDURES = ("interleaved_sb_ece", "two_stage")
@@ -56,6 +56,8 @@ CALIBRATORS: tuple[str, ...] = (
 def applicable(calibrators, num_classes: int) -> tuple[str, ...]:
     """The calibrators that apply to ``num_classes`` classes (binary-only ones
     need K = 2)."""
+    from calib_jax import posthoc  # JAX: imported at use, the grid's names stay light
+
     return tuple(
         c for c in calibrators if num_classes == 2 or c not in posthoc.BINARY_ONLY
     )
@@ -78,6 +80,8 @@ def check_grid(config: ConfigDict) -> None:
     bad = [m for m in config.methods if m not in METHODS]
     if bad:
         raise _unknown("method(s)", bad, METHODS)
+    from calib_jax import posthoc  # JAX: imported at use, the grid's names stay light
+
     bad = [c for c in config.calibrators if c != "none"]
     unknown = []
     for name in bad:

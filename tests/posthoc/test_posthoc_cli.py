@@ -84,7 +84,10 @@ def test_workdir_outputs_numbers_round_trip_and_overwrite_rule(tmp_path, capsys)
     _fake_run(run, data)
     code, stdout, stderr = _run(capsys, "--workdir", run, "--method", "ts:nll,matrix")
     assert code == 0, stderr
-    assert stderr == ""  # no warning, no progress line for a short run
+    # No warning. Progress lines appear only past LOG_INTERVAL seconds, which
+    # a loaded machine may take; they are the bar's, nothing else.
+    progress = re.compile(r"^(fit|score) .+?: +\d+%\|")
+    assert [ln for ln in stderr.splitlines() if not progress.match(ln)] == []
     out = run / "posthoc"
     found = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert found == _expected_files(["matrix", "ts_nll"])

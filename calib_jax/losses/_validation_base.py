@@ -1,20 +1,30 @@
 """Validation base of the losses: input preparation and hyperparameter checks.
 
-Everything here runs at trace time on static information (dtypes, shapes,
-concrete Python hyperparameters) and adds nothing to the compiled computation
-beyond the upcast and the mask; the value checks of :func:`check_values` run
-only on concrete (eager) arrays. Each loss checks its own hyperparameters with
-the helpers below, so a hyperparameter's domain is written once, in the loss;
-the composition (``_compose``) finds it by evaluating the loss abstractly.
+The generic checks (dtypes, ranks, shapes, masks, value checks, scalar
+checks) are those of :mod:`calib_jax._checks`, the library's one checking
+contract; this module adds what is the losses' own: the ``[B, K]`` upcast to
+at least float32 with int32 labels and a mask, the variant checks and the
+norm-order check. Everything here runs at trace time on static information
+(dtypes, shapes, concrete Python hyperparameters) and adds nothing to the
+compiled computation beyond the upcast and the mask; the value checks run only
+on concrete (eager) arrays. Each loss checks its own hyperparameters with the
+helpers below, so a hyperparameter's domain is written once, in the loss; the
+composition (``_compose``) finds it by evaluating the loss abstractly.
 """
 
 from __future__ import annotations
 
-import numbers
-
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from calib_jax import _checks
+
+# Scalar checks, as the whole library words them.
+check_bool = _checks.check_bool
+check_nonnegative = _checks.check_nonnegative
+check_num_bins = _checks.check_num_bins
+check_positive = _checks.check_positive
+check_unit_interval = _checks.check_unit_interval
 
 VARIANTS = ("paper", "released_code")
 
@@ -43,25 +53,9 @@ def prepare(logits, labels, where=None):
         (non-traced) arrays also NaN/inf logits or labels out of range in an
         included row (:func:`check_values`).
     """
-    logits = jnp.asarray(logits)
-    labels = jnp.asarray(labels)
-    if not jnp.issubdtype(logits.dtype, jnp.floating):
-        raise TypeError(f"logits must be floating point, got dtype {logits.dtype}.")
-    if not jnp.issubdtype(labels.dtype, jnp.integer):
-        raise TypeError(f"labels must be integer class ids, got dtype {labels.dtype}.")
-    if logits.ndim != 2:
-        raise ValueError(f"logits must have shape [B, K], got shape {logits.shape}.")
-    if labels.ndim != 1:
-        raise ValueError(f"labels must have shape [B], got shape {labels.shape}.")
-    if logits.shape[1] < 2:
-        raise ValueError(
-            f"logits must have at least 2 classes (K >= 2), got shape {logits.shape}."
-        )
-    if logits.shape[0] != labels.shape[0]:
-        raise ValueError(
-            f"logits and labels disagree on the batch size: logits {logits.shape}, "
-            f"labels {labels.shape}."
-        )
+    logits, labels, where = _checks.check_scores_labels(
+        logits, labels, where, name="logits", rows="B"
+    )
     dtype = jnp.promote_types(logits.dtype, jnp.float32)
     logits = logits.astype(dtype)
     labels = labels.astype(jnp.int32)
@@ -81,50 +75,22 @@ def check_values(logits, labels, mask) -> None:
     Raises:
       ValueError: naming the first offending row and how many rows are bad.
     """
-    if any(isinstance(a, jax.core.Tracer) for a in (logits, labels, mask)):
-        return
-    if logits.shape[0] == 0:
-        return
-    m = np.asarray(mask)
-    k = logits.shape[-1]
-    lab = np.asarray(labels)
-    bad = m & ((lab < 0) | (lab >= k))
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise ValueError(
-            f"labels must lie in [0, K) = [0, {k}); found {int(lab[i])} at row {i} "
-            f"({int(bad.sum())} row(s) out of range)."
-        )
-    finite = np.asarray(jnp.all(jnp.isfinite(logits), axis=-1))
-    bad = m & ~finite
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise ValueError(
-            f"logits contain NaN/inf in {int(bad.sum())} row(s) (first: row {i})."
-        )
+    _checks.check_values(
+        logits, labels, mask, name="logits", family="loss", allow_empty=True
+    )
 
 
 def valid_mask(where, batch_size: int) -> jax.Array:
     """Returns the bool ``[B]`` mask of included rows (all True for None)."""
     if where is None:
         return jnp.ones((batch_size,), dtype=bool)
-    where = jnp.asarray(where)
-    if where.dtype != jnp.bool_:
-        raise TypeError(f"where must be a bool mask, got dtype {where.dtype}.")
-    if where.shape != (batch_size,):
-        raise ValueError(
-            f"where must have shape [B] = ({batch_size},), got {where.shape}."
-        )
-    return where
+    return _checks.check_where(where, batch_size, rows="B")
 
 
 def check_logits(logits) -> jax.Array:
     """Logits-only counterpart of ``prepare``: float ``[B, K]`` upcast to >= f32."""
-    logits = jnp.asarray(logits)
-    if not jnp.issubdtype(logits.dtype, jnp.floating):
-        raise TypeError(f"logits must be floating point, got dtype {logits.dtype}.")
-    if logits.ndim != 2:
-        raise ValueError(f"logits must have shape [B, K], got shape {logits.shape}.")
+    logits = _checks.check_floating(logits, "logits")
+    _checks.check_rank(logits, "logits", "[B, K]")
     return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
 
 
@@ -133,84 +99,15 @@ def check_logits(logits) -> jax.Array:
 # ---------------------------------------------------------------------------
 
 
-def _concrete(value):
-    """Returns ``value`` as a float when it is a concrete scalar, else None."""
-    if isinstance(value, jax.core.Tracer):
-        return None
-    if isinstance(value, numbers.Number):
-        return float(value)
-    arr = np.asarray(value) if not isinstance(value, jax.Array) else value
-    if getattr(arr, "ndim", 1) != 0:
-        return None
-    try:
-        return float(arr)
-    except (TypeError, jax.errors.ConcretizationTypeError):
-        return None
-
-
-def check_positive(name: str, value) -> None:
-    """Raises ValueError if a concrete hyperparameter is not > 0 (tracers pass)."""
-    v = _concrete(value)
-    if v is not None and not v > 0:
-        raise ValueError(f"{name} must be > 0, got {v}.")
-
-
-def check_nonnegative(name: str, value) -> None:
-    """Raises ValueError if a concrete hyperparameter is < 0 (tracers pass)."""
-    v = _concrete(value)
-    if v is not None and not v >= 0:
-        raise ValueError(f"{name} must be >= 0, got {v}.")
-
-
-def check_bool(name: str, value) -> bool:
-    """Validates a static switch (Python or NumPy bool) and returns it as bool."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}.")
-    return bool(value)
-
-
-def check_num_bins(num_bins) -> int:
-    """Validates the static bin count and returns it as an int."""
-    if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral):
-        raise ValueError(f"num_bins must be a Python int >= 1, got {num_bins!r}.")
-    if num_bins < 1:
-        raise ValueError(f"num_bins must be >= 1, got {num_bins}.")
-    return int(num_bins)
-
-
-def check_unit_interval(name: str, value, *, closed_left: bool = False) -> None:
-    """Raises ValueError if a concrete value lies outside (0, 1] (or [0, 1])."""
-    v = _concrete(value)
-    if v is None:
-        return
-    ok = (0.0 <= v <= 1.0) if closed_left else (0.0 < v <= 1.0)
-    if not ok:
-        interval = "[0, 1]" if closed_left else "(0, 1]"
-        raise ValueError(f"{name} must lie in {interval}, got {v}.")
-
-
 def check_open_unit_interval(name: str, value) -> None:
     """Raises ValueError if a concrete value is not strictly inside (0, 1)."""
-    check_unit_interval(name, value)
-    if isinstance(value, jax.core.Tracer):
-        return
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return
-    if v >= 1.0:
-        raise ValueError(f"{name} must lie in (0, 1), got {v}.")
+    _checks.check_unit_interval(name, value, closed_right=False)
 
 
 def check_at_least_one(name: str, value) -> None:
     """Raises ValueError if a concrete value is < 1 (tracers pass)."""
-    if isinstance(value, jax.core.Tracer):
-        return
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return
-    if not v >= 1.0:
+    v = _checks.concrete_float(value)
+    if v is not None and not v >= 1.0:
         raise ValueError(f"{name} must be >= 1, got {v}.")
 
 

@@ -37,7 +37,7 @@ def bind(name: str, fn: LossFn, hparams: Mapping[str, object]) -> LossFn:
         concrete value outside its domain (e.g. ``temperature <= 0``).
     """
     accepted = _hyperparameters(fn)
-    for key, value in hparams.items():
+    for key in hparams:
         if key not in accepted:
             valid = ", ".join(sorted(accepted)) or "none"
             raise ValueError(

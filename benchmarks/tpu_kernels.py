@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from _timing import machine_line, write_section
 
 from calib_jax import kernels, losses
-from calib_jax.losses import _rows
+from calib_jax.losses import _kernel_base
 from calib_jax.metrics import _adaptive, _binning, _common, _kernels, _ood
 from calib_jax.posthoc import _blocked, _temperature
 
@@ -137,7 +137,7 @@ def _logits(k):
 
 def _rows_case(b, k, label, **flags):
     def fn(z, y):
-        stats = _rows._row_stats(z, y, **flags)
+        stats = _kernel_base.row_stats(z, y, **flags)
         return sum(jnp.sum(v) for v in stats if v is not None)
 
     return Case(
@@ -201,8 +201,8 @@ def cases() -> list[Case]:
             "aurc loss tie groups, B = 4096",
             lambda x: kernels.select(
                 "sort_keys",
-                losses._selective._tie_groups_packed,
-                losses._selective._tie_groups_plain,
+                _kernel_base.tie_groups_packed,
+                _kernel_base.tie_groups_plain,
                 x,
             ),
             lambda n: [((n,), f32)],

@@ -32,12 +32,12 @@ sort_keys                ``metrics._common.sorted_by_confidence``    1.00    tun
 metric_scatter           ``metrics._kernels.accumulate_top_label``   375     plain    0.24    tuned
 metric_classwise         ``metrics._kernels.accumulate_classwise``   145     plain    64.4    plain
 metric_radix_select      ``metrics._select.rank_bins``               0.63    tuned    0.66    tuned
-loss_rows                ``losses._rows._row_stats``                 0.95    tuned    0.31    tuned
-loss_true_vs_rest        ``losses._primary._rest_parts``             1.54    tuned    1.04    tuned
-loss_dual_focal          ``losses._focal._dual_parts``               0.98    tuned    1.01    tuned
-loss_mbls                ``losses._margin._mbls_parts``              0.87    tuned    1.06    tuned
-loss_acls                ``losses._margin._acls_parts``              0.88    tuned    0.98    tuned
-loss_mdca                ``losses._mdca._prob_sums``                 1.00    tuned    1.11    tuned
+loss_rows                ``losses._kernel_base.row_stats``           0.95    tuned    0.31    tuned
+loss_true_vs_rest        ``losses._kernel_base.rest_parts``          1.54    tuned    1.04    tuned
+loss_dual_focal          ``losses._kernel_base.dual_parts``          0.98    tuned    1.01    tuned
+loss_mbls                ``losses._kernel_base.mbls_parts``          0.87    tuned    1.06    tuned
+loss_acls                ``losses._kernel_base.acls_parts``          0.88    tuned    0.98    tuned
+loss_mdca                ``losses._kernel_base.prob_sums``           1.00    tuned    1.11    tuned
 posthoc_temperature      ``posthoc._blocked.exp_sums`` and the JVPs  2.06    plain    4.58    plain
 =======================  ==========================================  ======  =======  ======  =====
 

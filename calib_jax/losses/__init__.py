@@ -28,22 +28,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from calib_jax.losses._au_pxtau import au_pxtau, au_pxtau_update_hist, au_pxtau_weights
+from calib_jax.losses._aurc import aurc
 from calib_jax.losses._avuc import avuc, avuc_gs, s_avuc, soft_uncertainty
 from calib_jax.losses._compose import bind, compose
+from calib_jax.losses._confidence import msp, neg_entropy, softmax_margin
+from calib_jax.losses._cpc import cpc
 from calib_jax.losses._focal import dual_focal, focal, focal_adaptive, inverse_focal
-from calib_jax.losses._margin import acls, acls_logit_grad, cpc, mbls
+from calib_jax.losses._margin import acls, acls_logit_grad, mbls
 from calib_jax.losses._mdca import mdca
 from calib_jax.losses._mmce import mmce
 from calib_jax.losses._primary import brier, cross_entropy, label_smoothing
-from calib_jax.losses._selective import (
-    au_pxtau,
-    au_pxtau_update_hist,
-    au_pxtau_weights,
-    aurc,
-    msp,
-    neg_entropy,
-    softmax_margin,
-)
 from calib_jax.losses._soft_ece import sb_ece, soft_bin_membership
 
 # name -> function. Per-example primary losses and regularizers return [B];

@@ -20,24 +20,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from calib_jax.losses._common import (
+from calib_jax.losses._kernel_base import row_stats, zero_excluded_logits
+from calib_jax.losses._validation_base import (
+    check_open_unit_interval,
     check_positive,
     check_unit_interval,
     prepare,
 )
-from calib_jax.losses._rows import _clean, _row_stats
 
 # Added to numerator and denominator of the count ratio so that a batch with
 # n_AC + n_IU == 0 (e.g. all predictions wrong and certain) stays finite.
 _EPS = 1e-10
-
-
-def _check_classes(logits) -> None:
-    if logits.shape[-1] < 2:
-        raise ValueError(
-            "AvUC losses normalise the entropy by log K and need K >= 2 classes, "
-            f"got logits of shape {logits.shape}."
-        )
 
 
 def _ratio_loss(bad: jax.Array, good: jax.Array) -> jax.Array:
@@ -45,15 +38,9 @@ def _ratio_loss(bad: jax.Array, good: jax.Array) -> jax.Array:
     return jnp.log(bad + good + _EPS) - jnp.log(good + _EPS)
 
 
-def _prepare(logits, labels, where):
-    logits, labels, mask = prepare(logits, labels, where)
-    _check_classes(logits)
-    return logits, labels, mask
-
-
 def _inputs(logits, labels, mask, *, with_conf):
-    logits = _clean(logits, mask)
-    rows = _row_stats(logits, labels, conf=with_conf, entropy=True)
+    logits = zero_excluded_logits(logits, mask)
+    rows = row_stats(logits, labels, conf=with_conf, entropy=True)
     acc = jnp.where(mask, rows.correct, 0.0)
     inacc = jnp.where(mask, 1.0 - rows.correct, 0.0)
     h_norm = rows.entropy / math.log(logits.shape[-1])
@@ -148,7 +135,7 @@ def avuc(
       0.2406
     """
     check_unit_interval("kappa", kappa, closed_left=True)
-    logits, labels, mask = _prepare(logits, labels, where)
+    logits, labels, mask = prepare(logits, labels, where)
     return _hard_avuc(logits, labels, mask, kappa, stop_confidence=False)
 
 
@@ -197,21 +184,8 @@ def avuc_gs(
       0.2406
     """
     check_unit_interval("kappa", kappa, closed_left=True)
-    logits, labels, mask = _prepare(logits, labels, where)
+    logits, labels, mask = prepare(logits, labels, where)
     return _hard_avuc(logits, labels, mask, kappa, stop_confidence=True)
-
-
-def _check_open_unit(name: str, value) -> None:
-    """Raises ValueError if a concrete value is not strictly inside (0, 1)."""
-    check_unit_interval(name, value)
-    if isinstance(value, jax.core.Tracer):
-        return
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return
-    if v >= 1.0:
-        raise ValueError(f"{name} must lie in (0, 1), got {v}.")
 
 
 def soft_uncertainty(
@@ -311,9 +285,9 @@ def s_avuc(
       >>> print(f"{float(s_avuc(logits, jnp.array([0, 0, 1, 0]))):.4f}")
       0.1613
     """
-    _check_open_unit("kappa", kappa)
+    check_open_unit_interval("kappa", kappa)
     check_positive("temperature", temperature)
-    logits, labels, mask = _prepare(logits, labels, where)
+    logits, labels, mask = prepare(logits, labels, where)
     return _s_avuc(logits, labels, mask, kappa, temperature)
 
 

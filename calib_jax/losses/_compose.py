@@ -9,40 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from calib_jax.losses import _common, _released
-from calib_jax.losses._focal import _DUAL_VARIANTS
+from calib_jax.losses._kernel_base import masked_mean
+from calib_jax.losses._validation_base import prepare
 
-# Variants per loss where they differ from ('paper', 'released_code').
-_VARIANTS = {"dual_focal": _DUAL_VARIANTS}
-
-
-def _check_variant(name: str, value) -> None:
-    """``<loss>.variant`` must be one of that loss's variants (checked when the
-    objective is built, before any compute)."""
-    _released.check_variant(
-        value, _VARIANTS.get(name.split(".")[0], _released.VARIANTS)
-    )
-
-
-# Validation of hyperparameter values by name, shared by every loss that takes
-# them. Each rule gets (name, value) and raises ValueError on a concrete bad value.
-_RULES: dict[str, Callable[[str, object], None]] = {
-    "temperature": _common.check_positive,
-    "nu": _common.check_positive,
-    "bandwidth": _common.check_positive,
-    "kappa": _common.check_nonnegative,
-    "gamma": _common.check_nonnegative,
-    "margin": _common.check_nonnegative,
-    "alpha": _common.check_nonnegative,
-    "lambda_1": _common.check_nonnegative,
-    "lambda_2": _common.check_nonnegative,
-    "num_bins": lambda _, v: _common.check_num_bins(v),
-    "coverage": lambda n, v: v is None or _common.check_unit_interval(n, v),
-    "epsilon": lambda n, v: _common.check_unit_interval(n, v, closed_left=True),
-    "p": lambda n, v: _common.check_positive(n, v),
-    "weight_grad": _common.check_bool,
-    "variant": _check_variant,
-}
+# The abstract batch a term is evaluated on when it is bound: [B, K] float32
+# logits and [B] int32 labels (no values, so nothing is computed).
+_PROBE_SHAPE = (4, 3)
 
 LossFn = Callable[..., jax.Array]
 
@@ -65,16 +37,41 @@ def bind(name: str, fn: LossFn, hparams: Mapping[str, object]) -> LossFn:
         concrete value outside its domain (e.g. ``temperature <= 0``).
     """
     accepted = _hyperparameters(fn)
-    for key, value in hparams.items():
+    for key in hparams:
         if key not in accepted:
             valid = ", ".join(sorted(accepted)) or "none"
             raise ValueError(
                 f"Loss '{name}' has no hyperparameter '{key}'; it accepts: {valid}."
             )
-        rule = _RULES.get(key)
-        if rule is not None:
-            rule(f"{name}.{key}", value)
-    return functools.partial(fn, **hparams) if hparams else fn
+    bound = functools.partial(fn, **hparams) if hparams else fn
+    _check_domains(name, bound, accepted)
+    return bound
+
+
+def _check_domains(name: str, bound: LossFn, accepted) -> None:
+    """Evaluates ``bound`` abstractly so that the loss checks its own domains.
+
+    ``jax.eval_shape`` traces the loss on a ``ShapeDtypeStruct`` batch: the
+    bound hyperparameters stay concrete, so the loss's own checks (the only
+    place a domain is written) raise, while nothing is computed. The message
+    gains the term's name: ``<loss>.<hyperparameter> ...`` when it starts with
+    a hyperparameter's name (the config path of the value), else
+    ``loss term '<loss>': ...``.
+    """
+    b, k = _PROBE_SHAPE
+    logits = jax.ShapeDtypeStruct((b, k), jnp.float32)
+    labels = jax.ShapeDtypeStruct((b,), jnp.int32)
+    try:
+        jax.eval_shape(bound, logits, labels)
+    except (ValueError, TypeError) as err:
+        message = str(err)
+        head = message.split(" ", 1)[0]
+        if head in accepted:
+            message = f"{name}.{message}"
+        else:
+            message = f"loss term '{name}': {message}"
+        kind = TypeError if isinstance(err, TypeError) else ValueError
+        raise kind(message) from err
 
 
 def compose(
@@ -119,14 +116,14 @@ def compose(
         built.append((key, weight, fn, name in batch_level))
 
     def objective(logits, labels, where=None):
-        logits, labels, mask = _common.prepare(logits, labels, where)
+        logits, labels, mask = prepare(logits, labels, where)
         total = jnp.zeros((), jnp.float32)
         logs = {}
         for key, weight, fn, is_batch in built:
             value = fn(logits, labels, where=mask)
             if not is_batch:
                 # Per-example terms: mean over the unmasked (global) batch.
-                value = _common.masked_mean(value, mask)
+                value = masked_mean(value, mask)
             value = value.astype(jnp.float32)
             logs[key] = value
             total = total + weight * value

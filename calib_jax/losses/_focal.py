@@ -2,7 +2,7 @@ r"""The focal family: focal, sample-dependent focal (FLSD-53), inverse and dual 
 
 All four are reweighted cross-entropies :math:`-w(p)\log p_y`. The weights are
 evaluated in log space from the true-class-versus-rest log-odds
-:math:`d = z_y - \log\sum_{k \ne y} e^{z_k}` (see ``_primary._true_vs_rest``):
+:math:`d = z_y - \log\sum_{k \ne y} e^{z_k}` (see ``_kernel_base.true_vs_rest``):
 :math:`\log p_y = \log\sigma(d)` and :math:`\log(1 - p_y) = \log\sigma(-d)` are
 finite with finite gradients even when :math:`p_y` rounds to 0 or 1, so
 :math:`(1 - p_y)^\gamma = \exp(\gamma \log(1 - p_y))` has no 0-to-a-power
@@ -19,21 +19,19 @@ from jax import lax
 
 from calib_jax import kernels
 from calib_jax.losses import _released
-from calib_jax.losses._common import (
-    _no_tangent,
-    _row_reduce,
-    check_nonnegative,
-    check_unit_interval,
-    prepare,
+from calib_jax.losses._kernel_base import (
+    dual_parts,
+    dual_parts_plain,
+    take_col,
+    true_vs_rest,
+    zero_excluded_rows,
     zero_masked,
 )
-from calib_jax.losses._primary import (
-    _check_num_classes,
-    _clamped_exp,
-    _clean,
-    _rest_max,
-    _take_col,
-    _true_vs_rest,
+from calib_jax.losses._validation_base import (
+    check_nonnegative,
+    check_unit_interval,
+    check_variant,
+    prepare,
 )
 
 _DUAL_VARIANTS = ("paper", "reweighted_risk_description", "released_code")
@@ -104,14 +102,13 @@ def focal(
     """
     check_nonnegative("gamma", gamma)
     logits, labels, mask = prepare(logits, labels, where)
-    _check_num_classes(logits)
     return _focal(logits, labels, mask, gamma)
 
 
 @jax.jit
 def _focal(logits, labels, mask, gamma):
-    logits, labels = _clean(logits, labels, mask)
-    split = _true_vs_rest(logits, labels)
+    logits, labels = zero_excluded_rows(logits, labels, mask)
+    split = true_vs_rest(logits, labels)
     gamma = jnp.asarray(gamma, logits.dtype)
     loss = -jnp.exp(gamma * split.log_1m_p_true) * split.log_p_true
     return zero_masked(loss, mask)
@@ -191,14 +188,13 @@ def focal_adaptive(
     check_nonnegative("gamma_below", gamma_below)
     check_nonnegative("gamma_above", gamma_above)
     logits, labels, mask = prepare(logits, labels, where)
-    _check_num_classes(logits)
     return _focal_adaptive(logits, labels, mask, threshold, gamma_below, gamma_above)
 
 
 @jax.jit
 def _focal_adaptive(logits, labels, mask, threshold, gamma_below, gamma_above):
-    logits, labels = _clean(logits, labels, mask)
-    split = _true_vs_rest(logits, labels)
+    logits, labels = zero_excluded_rows(logits, labels, mask)
+    split = true_vs_rest(logits, labels)
     dtype = logits.dtype
     # The FLSD-53 rule is piecewise constant in p_y: no gradient through it.
     p_true = lax.stop_gradient(jnp.exp(split.log_p_true))
@@ -266,14 +262,13 @@ def inverse_focal(
     """
     check_nonnegative("gamma", gamma)
     logits, labels, mask = prepare(logits, labels, where)
-    _check_num_classes(logits)
     return _inverse_focal(logits, labels, mask, gamma)
 
 
 @jax.jit
 def _inverse_focal(logits, labels, mask, gamma):
-    logits, labels = _clean(logits, labels, mask)
-    log_p = _take_col(logits, labels) - jax.nn.logsumexp(logits, axis=1)
+    logits, labels = zero_excluded_rows(logits, labels, mask)
+    log_p = take_col(logits, labels) - jax.nn.logsumexp(logits, axis=1)
     gamma = jnp.asarray(gamma, logits.dtype)
     # log(1 + p_y) = softplus(log p_y).
     loss = -jnp.exp(gamma * jax.nn.softplus(log_p)) * log_p
@@ -386,24 +381,23 @@ def dual_focal(
       ...                  variant="reweighted_risk_description"))
       [0.01241853 1.7878953 ]
     """
-    variant = _released.check_variant(variant, _DUAL_VARIANTS)
+    variant = check_variant(variant, _DUAL_VARIANTS)
     check_nonnegative("gamma", gamma)
     logits, labels, mask = prepare(logits, labels, where)
-    _check_num_classes(logits)
     if variant == "released_code":
-        logits, labels = _clean(logits, labels, mask)
+        logits, labels = zero_excluded_rows(logits, labels, mask)
         return _released.dual_focal(logits, labels, mask, gamma)
     return _dual_focal(logits, labels, mask, gamma, variant=variant)
 
 
 @functools.partial(jax.jit, static_argnames="variant")
 def _dual_focal(logits, labels, mask, gamma, *, variant):
-    logits, labels = _clean(logits, labels, mask)
+    logits, labels = zero_excluded_rows(logits, labels, mask)
     z_true, z_rest_max, rest_sum, first = kernels.select(
-        "loss_dual_focal", _dual_parts, _dual_parts_plain, logits, labels
+        "loss_dual_focal", dual_parts, dual_parts_plain, logits, labels
     )
     # log sum_{k != y} e^{z_k}; the shift is a constant (the sum is shift
-    # invariant), as in _primary._true_vs_rest.
+    # invariant), as in true_vs_rest.
     lse_rest = lax.stop_gradient(z_rest_max) + jnp.log(rest_sum)
     d = z_true - lse_rest  # log-odds of the true class against the rest
     log_p_true = jax.nn.log_sigmoid(d)
@@ -423,65 +417,3 @@ def _dual_focal(logits, labels, mask, gamma, *, variant):
         log_base = jnp.where(correct, log_base, log_1m_p_true)
     loss = -jnp.exp(gamma * log_base) * log_p_true
     return zero_masked(loss, mask)
-
-
-@jax.custom_jvp
-def _dual_parts(z, labels):
-    """``(z_true, z_rest_max, rest_sum, first)`` per row.
-
-    ``z_y``, ``max_{k != y} z_k``, ``sum_{k != y} exp(z_k - z_rest_max)`` and
-    the first arg-max among the non-true classes (int32). The maximum comes
-    from ``_primary._rest_max`` (no compare with the label), the sum is
-    ``sum_k c_k - c_y`` with ``c = exp(min(z - z_rest_max, 0))`` as in
-    ``_primary._true_vs_rest`` (``>= 1`` minus a term ``<= 1``: nothing
-    cancels), and one fused reduction over the stored ``c`` gives the sum and
-    the arg-max (see ``_common._row_reduce``). ``z_rest_max`` carries the
-    gradient of its first arg-max; the derivative of ``rest_sum`` holds
-    ``z_rest_max`` fixed, so ``stop_gradient(z_rest_max) + log(rest_sum)`` is
-    the log-sum-exp with its exact derivatives (all orders). The backward pass
-    is one elementwise pass over ``c`` plus two in-place scatters (the label
-    and the arg-max entries, gathers in the rule).
-
-    Kernel family ``'loss_dual_focal'`` (:mod:`calib_jax.kernels`): the plain
-    formulation is :func:`_dual_parts_plain`; float64 reference in
-    ``tests/_reference.py``.
-    """
-    k = z.shape[1]
-    z_true = _take_col(z, labels)
-    z_rest_max = _rest_max(z, z_true)
-    cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
-    c = _clamped_exp(z - z_rest_max[:, None])  # the same expression as the rule's
-    total, first = _row_reduce(
-        (
-            c,
-            jnp.where((z == z_rest_max[:, None]) & (cols != labels[:, None]), cols, k),
-        ),
-        (0, k),
-        (lax.add, lax.min),
-    )
-    rest_sum = total - _clamped_exp(z_true - z_rest_max)
-    return z_true, z_rest_max, rest_sum, first
-
-
-def _dual_parts_plain(z, labels):
-    """Plain :func:`_dual_parts`: masked ``argmax`` and log-sum-exp, autodiff."""
-    cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
-    rest = jnp.where(cols == labels[:, None], -jnp.inf, z)
-    first = jnp.argmax(rest, axis=1).astype(jnp.int32)
-    z_rest_max = _take_col(z, first)  # moves with the first arg-max
-    # The shift is a constant (the sum is taken with z_rest_max held fixed).
-    e = jnp.exp(rest - lax.stop_gradient(z_rest_max)[:, None])
-    return _take_col(z, labels), z_rest_max, jnp.sum(e, axis=1), first
-
-
-@_dual_parts.defjvp
-def _dual_parts_jvp(primals, tangents):
-    z, labels = primals
-    dz, _ = tangents
-    out = _dual_parts(z, labels)
-    z_true, z_rest_max, _, first = out
-    shift = lax.stop_gradient(z_rest_max)
-    c = _clamped_exp(z - shift[:, None])
-    dtrue = _take_col(dz, labels)
-    drest_sum = jnp.sum(c * dz, axis=1) - _clamped_exp(z_true - shift) * dtrue
-    return out, (dtrue, _take_col(dz, first), drest_sum, _no_tangent(first))

@@ -8,8 +8,17 @@ import jax
 import jax.numpy as jnp
 
 from calib_jax.losses import _released
-from calib_jax.losses._common import check_positive, prepare
-from calib_jax.losses._rows import _clean, _row_stats, _safe_pow
+from calib_jax.losses._kernel_base import (
+    row_stats,
+    safe_pow,
+    zero_excluded_logits,
+)
+from calib_jax.losses._validation_base import (
+    check_positive,
+    check_variant,
+    prepare,
+    reject,
+)
 
 
 def mmce(
@@ -110,12 +119,12 @@ def mmce(
       0.2935
     """
     check_positive("bandwidth", bandwidth)
-    variant = _released.check_variant(variant)
+    variant = check_variant(variant)
     if variant == "released_code":
         if not weighted:
-            _released.reject("mmce", "weighted=False (use squared=True for MMCE_m)")
+            reject("mmce", "weighted=False (use squared=True for MMCE_m)")
         if squared:
-            _released.reject("mmce", "squared=True (it returns the root)")
+            reject("mmce", "squared=True (it returns the root)")
     logits, labels, mask = prepare(logits, labels, where)
     if variant == "released_code":
         return _mmce_released(logits, labels, mask, bandwidth)
@@ -126,9 +135,9 @@ def mmce(
 
 @functools.partial(jax.jit, static_argnames=("weighted", "squared"))
 def _mmce(logits, labels, mask, bandwidth, *, weighted, squared):
-    logits = _clean(logits, mask)
+    logits = zero_excluded_logits(logits, mask)
     dtype = logits.dtype
-    rows = _row_stats(logits, labels, conf=True)
+    rows = row_stats(logits, labels, conf=True)
     r, c = rows.conf, rows.correct
     mf = mask.astype(dtype)
     if weighted:
@@ -142,11 +151,11 @@ def _mmce(logits, labels, mask, bandwidth, *, weighted, squared):
         v = jnp.where(mask, c - r, 0.0) / jnp.maximum(jnp.sum(mf), 1.0)
     kernel = jnp.exp(-jnp.abs(r[:, None] - r[None, :]) / jnp.asarray(bandwidth, dtype))
     sq = jnp.maximum(jnp.sum(v * (kernel @ v)), 0.0)
-    return sq if squared else _safe_pow(sq, 0.5)
+    return sq if squared else safe_pow(sq, 0.5)
 
 
 @jax.jit
 def _mmce_released(logits, labels, mask, bandwidth):
-    logits = _clean(logits, mask)
-    rows = _row_stats(logits, labels, conf=True)
+    logits = zero_excluded_logits(logits, mask)
+    rows = row_stats(logits, labels, conf=True)
     return _released.mmce_weighted(rows.conf, rows.correct, mask, bandwidth)

@@ -1,249 +1,21 @@
-r"""Primary per-example losses: cross-entropy, label smoothing and the Brier score.
-
-Also holds :func:`_true_vs_rest`, the true-class-versus-the-rest decomposition of
-the softmax that the focal family shares. Writing
-:math:`d = z_y - \log\sum_{k \ne y} e^{z_k}` gives
-
-.. math::
-
-    \log p_y = \log\sigma(d), \qquad \log(1 - p_y) = \log\sigma(-d),
-
-both finite with finite gradients for every finite logit vector (:math:`K \ge 2`),
-including :math:`p_y` that rounds to 0 or 1. Computing :math:`1 - p_y` as
-``1 - exp(log p_y)`` instead loses it to rounding once :math:`p_y > 1 - 10^{-7}`,
-and :math:`(1 - p_y)^\gamma` then has a NaN gradient.
-"""
+r"""Primary per-example losses: cross-entropy, label smoothing and the Brier score."""
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from calib_jax import kernels
-from calib_jax.losses._common import (
-    _row_reduce,
-    _unfused,
-    check_unit_interval,
-    prepare,
+from calib_jax.losses._kernel_base import (
+    take_col,
+    true_vs_rest,
+    zero_excluded_rows,
     zero_masked,
 )
+from calib_jax.losses._validation_base import check_unit_interval, prepare
 
 _OFF_TARGET = ("uniform", "others")
-
-
-def _check_num_classes(logits: jax.Array) -> None:
-    """Static check: the losses of this package need at least two classes."""
-    if logits.shape[1] < 2:
-        raise ValueError(
-            f"logits must have at least 2 classes, got shape {logits.shape}."
-        )
-
-
-def _clean(logits: jax.Array, labels: jax.Array, mask: jax.Array):
-    """Zeroes excluded rows (and their labels) so NaN/inf cannot leak.
-
-    ``jnp.where`` (not a product): the cotangent of an excluded row is then
-    exactly 0, whatever it held.
-    """
-    logits = jnp.where(mask[:, None], logits, jnp.zeros_like(logits))
-    labels = jnp.where(mask, labels, jnp.zeros_like(labels))
-    return logits, labels
-
-
-def _take_col(x: jax.Array, idx: jax.Array) -> jax.Array:
-    """``x[b, idx[b]]`` as ``[B]``; the gradient goes to that one entry."""
-    return jnp.take_along_axis(x, idx[:, None], axis=1)[:, 0]
-
-
-def _first_index(x: jax.Array, value: jax.Array) -> jax.Array:
-    """First column ``k`` with ``x[b, k] == value[b]``, int32 ``[B]``.
-
-    ``value`` must be attained in every row (a row max or min). A ``where``
-    plus an integer min over the classes; on XLA:CPU about 4x faster than
-    ``jnp.argmax`` at (4096, 1000).
-    """
-    cols = lax.broadcasted_iota(jnp.int32, x.shape, 1)
-    first = jnp.min(jnp.where(x == value[:, None], cols, x.shape[1]), axis=1)
-    return lax.stop_gradient(first)
-
-
-def _row_max(x: jax.Array) -> jax.Array:
-    """Row max ``[B]`` whose gradient goes to the first arg-max only.
-
-    Same value as ``jnp.max``; on ties the derivative is that of the first
-    maximal entry (a one-sided derivative, as with ``argmax``-based code),
-    instead of ``jnp.max``'s equal split, which on XLA:CPU materialises several
-    ``[B, K]`` temporaries.
-    """
-    top = lax.stop_gradient(jnp.max(x, axis=1))
-    return _take_col(x, _first_index(lax.stop_gradient(x), top))
-
-
-def _row_min(x: jax.Array) -> jax.Array:
-    """Row min ``[B]`` whose gradient goes to the first arg-min only."""
-    low = lax.stop_gradient(jnp.min(x, axis=1))
-    return _take_col(x, _first_index(lax.stop_gradient(x), low))
-
-
-class _Split(NamedTuple):
-    """Per-row true-class-versus-rest statistics, each ``[B]``."""
-
-    z_true: jax.Array  # z_y
-    z_rest_max: jax.Array  # max_{k != y} z_k, a constant (no gradient)
-    rest_sum: jax.Array  # sum_{k != y} exp(z_k - z_rest_max), >= 1
-    rest_sq_sum: jax.Array | None  # sum_{k != y} exp(z_k - z_rest_max)^2, >= 1
-
-    @property
-    def d(self) -> jax.Array:
-        """Log-odds of the true class against all the others."""
-        # The shift is a constant: log-sum-exp is shift invariant.
-        lse_rest = lax.stop_gradient(self.z_rest_max) + jnp.log(self.rest_sum)
-        return self.z_true - lse_rest
-
-    @property
-    def log_p_true(self) -> jax.Array:
-        return jax.nn.log_sigmoid(self.d)
-
-    @property
-    def log_1m_p_true(self) -> jax.Array:
-        return jax.nn.log_sigmoid(-self.d)
-
-    @property
-    def log_sq_ratio(self) -> jax.Array:
-        """``log(sum_{k != y} e_k^2 / (sum_{k != y} e_k)^2)``."""
-        return jnp.log(self.rest_sq_sum) - 2.0 * jnp.log(self.rest_sum)
-
-
-def _true_vs_rest(
-    logits: jax.Array, labels: jax.Array, *, squares: bool = False
-) -> _Split:
-    r"""True-class-versus-rest statistics at about the cost of a log-sum-exp.
-
-    Two max passes and one exponential pass over ``[B, K]`` (plus a sum of
-    squares for ``squares``), and no comparison of the class index with the
-    label (costly on XLA:CPU). The exponentials are written once and reused by
-    the gradient. The shift is the largest non-true logit
-    :math:`r = \max_{k \ne y} z_k`: the row max :math:`m`, or, when :math:`y`
-    is the unique maximum, the largest logit below it (both from a float
-    compare with :math:`m`). With :math:`c_k =
-    e^{\min(z_k - r,\, 0)}` (the clamp changes only :math:`c_y`, the one entry
-    that can exceed :math:`r`),
-
-    .. math::
-
-        \sum_{k \ne y} e^{z_k - r} = \sum_k c_k - c_y \ge 1,
-
-    a sum that holds :math:`e^0 = 1` minus a term :math:`c_y \le 1`, so the
-    subtraction loses at most a few ulps however close :math:`p_y` is to 0 or
-    1, and nothing overflows or underflows to 0.
-
-    The derivative is a ``custom_jvp`` rule (all orders): :math:`r` is a
-    constant (log-sum-exp is shift invariant) and the sums move with
-    :math:`\sum_k c_k\,dz_k - c_y\,dz_y` (and twice that with :math:`c^2`).
-    Its transpose, the gradient, is one elementwise ``[B, K]`` pass plus an
-    in-place scatter of the label term (a gather in the rule), as for
-    cross-entropy.
-
-    Kernel family ``'loss_true_vs_rest'`` (:mod:`calib_jax.kernels`): the
-    plain formulation is :func:`_rest_parts_plain`; float64 references in
-    ``tests/_reference.py``.
-    """
-    parts = kernels.select(
-        "loss_true_vs_rest",
-        lambda z, y: _rest_parts(z, y, squares),
-        functools.partial(_rest_parts_plain, squares=squares),
-        logits,
-        labels,
-    )
-    return _Split(*parts)
-
-
-def _rest_parts_plain(z, labels, *, squares):
-    """Plain :func:`_rest_parts`: a masked log-sum-exp with JAX autodiff."""
-    z_true = _take_col(z, labels)
-    cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
-    rest = jnp.where(cols == labels[:, None], -jnp.inf, z)
-    # The shift is a constant (log-sum-exp is shift invariant).
-    rest_max = lax.stop_gradient(jnp.max(rest, axis=1))
-    e = jnp.exp(rest - rest_max[:, None])
-    rest_sq = jnp.sum(e * e, axis=1) if squares else None
-    return z_true, rest_max, jnp.sum(e, axis=1), rest_sq
-
-
-def _clamped_exp(s: jax.Array) -> jax.Array:
-    """``exp(min(s, 0))`` whose derivative at ``s == 0`` is that of ``exp``."""
-    return jnp.exp(jnp.where(s > 0, jnp.zeros_like(s), s))
-
-
-def _rest_max(z: jax.Array, z_true: jax.Array) -> jax.Array:
-    """``max_{k != y} z_k`` per row, ``[B]``, without a compare with the label.
-
-    The row max, or the largest logit below it when the label is the unique
-    maximum: a library max pass plus one fused loop for the largest logit
-    below the max and the number of maxima (a finite sentinel: an infinite one
-    makes XLA:CPU emit a scalar loop). No derivative is taken through it.
-    """
-    finfo = jnp.finfo(z.dtype)
-    # The row max is its own reduction (see _common._unfused).
-    m = _unfused(jnp.max(z, axis=1))
-    below = z < m[:, None]
-    second, n_top = _row_reduce(
-        (jnp.where(below, z, finfo.min), jnp.where(below, 0, 1).astype(jnp.int32)),
-        (finfo.min, 0),
-        (lax.max, lax.add),
-    )
-    return jnp.where((z_true >= m) & (n_top == 1), second, m)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def _rest_parts(z, labels, squares):
-    """``(z_true, z_rest_max, rest_sum, rest_sq_sum or None)``; see
-    :func:`_true_vs_rest`."""
-    z_true = _take_col(z, labels)
-    rest_max = _rest_max(z, z_true)
-    # The same expressions as in the rule below, so that XLA computes the
-    # exponentials once, writes them out and reuses them for the gradient (as
-    # it does for cross-entropy's softmax).
-    c = _clamped_exp(z - rest_max[:, None])
-    c_true = _clamped_exp(z_true - rest_max)
-    rest_sq = None
-    if squares:
-        # Squares of the stored exponentials: the barrier (no value change)
-        # stops XLA:CPU from recomputing them as exp(2 s); the two-output
-        # reduction sums them in one read of c, without writing c * c out.
-        c = lax.optimization_barrier(c)
-        sq, n_ge = _row_reduce(
-            (c * c, jnp.where(c < 1.0, 0, 1).astype(jnp.int32)),
-            (0, 0),
-            (lax.add, lax.add),
-        )
-        # n_ge >= 1 (the largest other logit gives c = e^0 = 1), so this
-        # select changes no value; using n_ge keeps the reduction two-output.
-        sq = jnp.where(n_ge > 0, sq, jnp.full_like(sq, jnp.nan))
-        rest_sq = sq - c_true * c_true
-    rest = jnp.sum(c, axis=1) - c_true
-    return z_true, rest_max, rest, rest_sq
-
-
-@_rest_parts.defjvp
-def _rest_parts_jvp(squares, primals, tangents):
-    z, labels = primals
-    dz, _ = tangents
-    out = _rest_parts(z, labels, squares)
-    z_true, rest_max = out[0], lax.stop_gradient(out[1])
-    c = _clamped_exp(z - rest_max[:, None])
-    c_true = _clamped_exp(z_true - rest_max)
-    dz_true = _take_col(dz, labels)
-    drest = jnp.sum(c * dz, axis=1) - c_true * dz_true
-    drest_sq = None
-    if squares:
-        c = lax.optimization_barrier(c)  # as in the primal: c * c, not exp(2 s)
-        drest_sq = 2.0 * (jnp.sum(c * c * dz, axis=1) - c_true * c_true * dz_true)
-    return out, (dz_true, jnp.zeros_like(rest_max), drest, drest_sq)
 
 
 # ---------------------------------------------------------------------------
@@ -289,14 +61,13 @@ def cross_entropy(
       [0.16984606 1.0986123 ]
     """
     logits, labels, mask = prepare(logits, labels, where)
-    _check_num_classes(logits)
     return _cross_entropy(logits, labels, mask)
 
 
 @jax.jit
 def _cross_entropy(logits, labels, mask):
-    logits, labels = _clean(logits, labels, mask)
-    loss = jax.nn.logsumexp(logits, axis=1) - _take_col(logits, labels)
+    logits, labels = zero_excluded_rows(logits, labels, mask)
+    loss = jax.nn.logsumexp(logits, axis=1) - take_col(logits, labels)
     return zero_masked(loss, mask)
 
 
@@ -375,16 +146,15 @@ def label_smoothing(
         )
     check_unit_interval("epsilon", epsilon, closed_left=True)
     logits, labels, mask = prepare(logits, labels, where)
-    _check_num_classes(logits)
     return _label_smoothing(logits, labels, mask, epsilon, off_target=off_target)
 
 
 @functools.partial(jax.jit, static_argnames="off_target")
 def _label_smoothing(logits, labels, mask, epsilon, *, off_target):
-    logits, labels = _clean(logits, labels, mask)
+    logits, labels = zero_excluded_rows(logits, labels, mask)
     k = logits.shape[1]
     eps = jnp.asarray(epsilon, logits.dtype)
-    z_true = _take_col(logits, labels)
+    z_true = take_col(logits, labels)
     total = jnp.sum(logits, axis=1)
     if off_target == "uniform":
         off = total / k
@@ -446,14 +216,13 @@ def brier(
       [0.5        0.02841867]
     """
     logits, labels, mask = prepare(logits, labels, where)
-    _check_num_classes(logits)
     return _brier(logits, labels, mask)
 
 
 @jax.jit
 def _brier(logits, labels, mask):
-    logits, labels = _clean(logits, labels, mask)
-    split = _true_vs_rest(logits, labels, squares=True)
+    logits, labels = zero_excluded_rows(logits, labels, mask)
+    split = true_vs_rest(logits, labels, squares=True)
     # p_k / (1 - p_y) = e_k / sum_{k' != y} e_k' for every k != y.
     loss = jnp.exp(2.0 * split.log_1m_p_true) * (1.0 + jnp.exp(split.log_sq_ratio))
     return zero_masked(loss, mask)

@@ -14,9 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from calib_jax.losses._common import masked_mean, zero_masked
-
-VARIANTS = ("paper", "released_code")
+from calib_jax.losses._kernel_base import masked_mean, zero_masked
 
 # Constants of the released code (named where they are used).
 _AU_EPS = 1e-9  # selectAU.py / aurc.py: clamp of the softmax probabilities
@@ -24,23 +22,6 @@ _AU_TINY = 1e-12  # hist_rank.py: floor of the bin counts and of the total
 _SB_EPS = 1e-5  # secondary_losses.py: EPS mixed into the soft assignment
 _MMCE_EPS = 1e-5  # 20ng_mmce.py: added to m^2, n^2, m n
 _MMCE_SQRT_EPS = 1e-10  # 20ng_mmce.py: added under the square root
-
-
-def check_variant(variant, valid=VARIANTS) -> str:
-    """Returns ``variant`` or raises ValueError listing the valid ones."""
-    if not isinstance(variant, str) or variant not in valid:
-        raise ValueError(
-            f"Unknown variant={variant!r}; valid: {', '.join(repr(v) for v in valid)}."
-        )
-    return variant
-
-
-def reject(fn: str, option: str) -> None:
-    """One-line error for an option the released code does not have."""
-    raise ValueError(
-        f"{fn}(variant='released_code') does not support {option}: the released "
-        f"code has no such option."
-    )
 
 
 def clamp(x: jax.Array, lo, hi) -> jax.Array:

@@ -8,26 +8,21 @@ import jax
 import jax.numpy as jnp
 
 from calib_jax.losses import _released
-from calib_jax.losses._common import (
+from calib_jax.losses._kernel_base import (
+    row_stats,
+    safe_pow,
+    zero_excluded_logits,
+)
+from calib_jax.losses._validation_base import (
+    check_at_least_one,
     check_num_bins,
     check_positive,
+    check_variant,
     prepare,
+    reject,
 )
-from calib_jax.losses._rows import _clean, _row_stats, _safe_pow
 
 KINDS = ("lb", "bin")
-
-
-def _check_p(p) -> None:
-    """Raises ValueError for a concrete norm order ``p < 1`` (tracers pass)."""
-    if isinstance(p, jax.core.Tracer):
-        return
-    try:
-        value = float(p)
-    except (TypeError, ValueError):
-        return
-    if not value >= 1.0:
-        raise ValueError(f"p must be >= 1, got {value}.")
 
 
 def soft_bin_membership(
@@ -173,15 +168,15 @@ def sb_ece(
     """
     num_bins = check_num_bins(num_bins)
     check_positive("temperature", temperature)
-    _check_p(p)
+    check_at_least_one("p", p)
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
-    variant = _released.check_variant(variant)
+    variant = check_variant(variant)
     if variant == "released_code":
         if kind != "lb":
-            _released.reject("sb_ece", f"kind={kind!r} (only the label-binned 'lb')")
+            reject("sb_ece", f"kind={kind!r} (only the label-binned 'lb')")
         if not isinstance(p, jax.core.Tracer) and float(p) != 2.0:
-            _released.reject("sb_ece", f"p={p!r} (only the squared l2 form, p=2)")
+            reject("sb_ece", f"p={p!r} (only the squared l2 form, p=2)")
     logits, labels, mask = prepare(logits, labels, where)
     if variant == "released_code":
         return _sb_ece_released(logits, labels, mask, temperature, num_bins=num_bins)
@@ -190,8 +185,8 @@ def sb_ece(
 
 @functools.partial(jax.jit, static_argnames=("num_bins",))
 def _sb_ece_released(logits, labels, mask, temperature, *, num_bins):
-    logits = _clean(logits, mask)
-    rows = _row_stats(logits, labels, conf=True)
+    logits = zero_excluded_logits(logits, mask)
+    rows = row_stats(logits, labels, conf=True)
     return _released.sb_ece_lb(
         rows.conf,
         rows.correct,
@@ -204,8 +199,8 @@ def _sb_ece_released(logits, labels, mask, temperature, *, num_bins):
 
 @functools.partial(jax.jit, static_argnames=("num_bins", "kind"))
 def _sb_ece(logits, labels, mask, temperature, p, *, num_bins, kind):
-    logits = _clean(logits, mask)
-    rows = _row_stats(logits, labels, conf=True)
+    logits = zero_excluded_logits(logits, mask)
+    rows = row_stats(logits, labels, conf=True)
     return sb_ece_from_confidences(
         rows.conf, rows.correct, mask, temperature, p, num_bins=num_bins, kind=kind
     )
@@ -257,12 +252,12 @@ def sb_ece_from_confidences(
     if kind == "bin":
         # A_j - C_j = sum_i u_ij (a_i - c_i) / S_j  (Eqs. (9)-(10)).
         gap = jnp.sum(u * (acc - conf)[:, None], axis=0) / safe_size
-        total = jnp.sum(jnp.where(occupied, size * _safe_pow(jnp.abs(gap), p), 0.0))
+        total = jnp.sum(jnp.where(occupied, size * safe_pow(jnp.abs(gap), p), 0.0))
     else:
         # A_j, Eq. (10), as 1 - sum_i u_ij (1 - a_i) / S_j: the same quantity,
         # but a bin of accurate samples gets A_j == 1 exactly (a zero sum),
         # whatever order XLA sums S_j in.
         bin_acc = 1.0 - jnp.sum(u * (1.0 - acc)[:, None], axis=0) / safe_size
-        dev = _safe_pow(jnp.abs(bin_acc[None, :] - conf[:, None]), p)
+        dev = safe_pow(jnp.abs(bin_acc[None, :] - conf[:, None]), p)
         total = jnp.sum(jnp.where(occupied[None, :], u * dev, 0.0))
-    return _safe_pow(total / n, 1.0 / p)
+    return safe_pow(total / n, 1.0 / p)

@@ -22,10 +22,11 @@ from _reference_released import (
     ref_sb_ece_released,
 )
 
+from calib_jax.losses._au_pxtau import au_pxtau
+from calib_jax.losses._aurc import aurc
 from calib_jax.losses._avuc import avuc, avuc_gs, s_avuc
 from calib_jax.losses._mdca import mdca
 from calib_jax.losses._mmce import mmce
-from calib_jax.losses._selective import au_pxtau, aurc
 from calib_jax.losses._soft_ece import sb_ece
 
 

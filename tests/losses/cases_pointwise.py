@@ -23,8 +23,9 @@ from _reference import (
 )
 from _reference_released import ref_acls_released, ref_dual_focal_released
 
+from calib_jax.losses._cpc import cpc
 from calib_jax.losses._focal import dual_focal, focal, focal_adaptive, inverse_focal
-from calib_jax.losses._margin import acls, cpc, mbls
+from calib_jax.losses._margin import acls, mbls
 from calib_jax.losses._primary import brier, cross_entropy, label_smoothing
 
 

@@ -1,334 +1,47 @@
-r"""Selective-classification losses (AURC, AU_Pxτ) and confidence score functions.
+r"""AU_Pxτ, the selective AURC over the low-confidence region, and its state API.
 
-Both losses are batch-level reweighted risks
+A batch-level reweighted risk
 
 .. math::
 
     \frac{1}{n}\sum_{i=1}^{n} \beta_i\,\ell_i, \qquad
     \ell_i = -\log \mathrm{softmax}(z_i)_{y_i},
 
-whose weights :math:`\beta_i` depend on where the confidence score
-:math:`g(z_i)` of sample :math:`i` falls in the batch's distribution of scores
-(Zhou et al. 2025, Def. 3.3 and Eqs. (10)–(17)). The confidence score functions
-(CSFs) of that paper's Appendix Table 1 are public here too: :func:`msp`,
-:func:`neg_entropy` and :func:`softmax_margin`.
-
-The per-row softmax statistics they share with the other batch-level losses
-live in ``_rows.py``.
+whose weights :math:`\beta_i` come from a smoothed, bin-based CDF of the
+confidence scores :math:`g(z_i)` (Zhou et al. 2025, Eqs. (10)–(17)); no sort.
+:func:`au_pxtau_update_hist` threads the histogram across batches.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from calib_jax import kernels
 from calib_jax.losses import _released
-from calib_jax.losses._common import (
+from calib_jax.losses._confidence import (
+    bin_edges,
+    check_csf,
+    csf_flags,
+    csf_score,
+    histogram,
+)
+from calib_jax.losses._kernel_base import masked_mean, row_stats, zero_excluded_logits
+from calib_jax.losses._validation_base import (
     check_bool,
+    check_logits,
     check_num_bins,
     check_positive,
     check_unit_interval,
-    masked_mean,
+    check_variant,
     prepare,
+    reject,
     valid_mask,
 )
-from calib_jax.losses._rows import _check_logits, _clean, _row_stats, _Rows
-
-CSF_NAMES = ("msp", "neg_entropy", "softmax_margin")
-
-# ---------------------------------------------------------------------------
-# Confidence score functions (Zhou et al. 2025, Appendix Table 1).
-# ---------------------------------------------------------------------------
-
-
-def msp(logits: jax.typing.ArrayLike) -> jax.Array:
-    r"""Maximum softmax probability, a confidence score function (per-example).
-
-    .. math::  g(z) = \max_k \operatorname{softmax}(z)_k
-
-    Args:
-      logits: float ``[B, K]``; bf16/fp16 are upcast to float32.
-
-    Returns:
-      float32 ``[B]`` in :math:`[1/K, 1]`.
-
-    References:
-      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
-      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
-      2025, Appendix Table 1 (MSP).
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> print(f"{float(msp(jnp.array([[0.0, 0.0]]))[0]):.2f}")
-      0.50
-    """
-    return _csf(_check_logits(logits), csf="msp")
-
-
-def neg_entropy(logits: jax.typing.ArrayLike) -> jax.Array:
-    r"""Negative Shannon entropy of the softmax, a confidence score (per-example).
-
-    .. math::  g(z) = \sum_k p_k \log p_k, \qquad p = \operatorname{softmax}(z)
-
-    (Appendix Table 1 of [1] prints :math:`\sum_k z_k\log z_k`; the entropy is
-    of the probabilities, which is what is computed here.)
-
-    Args:
-      logits: float ``[B, K]``; bf16/fp16 are upcast to float32.
-
-    Returns:
-      float32 ``[B]`` in :math:`[-\log K, 0]` (natural logarithm).
-
-    References:
-      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration", 2025,
-      Appendix Table 1 (Negative Entropy).
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> print(f"{float(neg_entropy(jnp.array([[0.0, 0.0]]))[0]):.4f}")
-      -0.6931
-    """
-    return _csf(_check_logits(logits), csf="neg_entropy")
-
-
-def softmax_margin(logits: jax.typing.ArrayLike) -> jax.Array:
-    r"""Gap between the two largest softmax probabilities (per-example score).
-
-    .. math::  g(z) = p_{(1)} - p_{(2)}, \qquad p = \operatorname{softmax}(z)
-
-    with :math:`p_{(1)} \ge p_{(2)}` the two largest entries (0 on a tie; equal
-    to :math:`p_{(1)} = 1` when K == 1).
-
-    Args:
-      logits: float ``[B, K]``; bf16/fp16 are upcast to float32.
-
-    Returns:
-      float32 ``[B]`` in :math:`[0, 1]`.
-
-    References:
-      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration", 2025,
-      Appendix Table 1 (Softmax Margin).
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> print(f"{float(softmax_margin(jnp.array([[0.0, 0.0]]))[0]):.2f}")
-      0.00
-    """
-    return _csf(_check_logits(logits), csf="softmax_margin")
-
-
-@functools.partial(jax.jit, static_argnames=("csf",))
-def _csf(logits, *, csf):
-    return _score(csf, _row_stats(logits, **_csf_flags(csf)))
-
-
-def _check_csf(csf) -> str:
-    if csf not in CSF_NAMES:
-        raise ValueError(
-            f"Unknown confidence score function csf={csf!r}; valid: "
-            f"{', '.join(CSF_NAMES)}."
-        )
-    return csf
-
-
-def _csf_flags(csf: str) -> dict:
-    """The ``_row_stats`` flags a confidence score function needs."""
-    return {
-        "conf": csf == "msp",
-        "entropy": csf == "neg_entropy",
-        "margin": csf == "softmax_margin",
-    }
-
-
-def _score(csf: str, rows: _Rows) -> jax.Array:
-    """The CSF ``csf`` from precomputed per-example statistics, ``[B]``."""
-    if csf == "msp":
-        return rows.conf
-    if csf == "neg_entropy":
-        return -rows.entropy
-    return rows.margin
-
-
-def _score_range(csf: str, num_classes: int) -> tuple[float, float]:
-    """The interval ``[lo, hi]`` a CSF takes values in (the bins' support)."""
-    if csf == "neg_entropy":
-        return -math.log(num_classes), 0.0
-    return 0.0, 1.0
-
-
-# ---------------------------------------------------------------------------
-# AURC (sort-based, exact).
-# ---------------------------------------------------------------------------
-
-
-def aurc(
-    logits: jax.typing.ArrayLike,
-    labels: jax.typing.ArrayLike,
-    *,
-    csf: str = "msp",
-    where: jax.typing.ArrayLike | None = None,
-) -> jax.Array:
-    r"""Empirical AURC of the cross-entropy, as a training loss (batch-level).
-
-    Definition 3.3 of [1] writes the area under the risk–coverage curve as the
-    reweighted risk :math:`-\mathbb{E}[\ln(1 - G(x))\,\ell(f(x), y)]`, with
-    :math:`G` the CDF of the confidence score :math:`g`. On a batch of :math:`n`
-    samples ranked by decreasing score (rank :math:`r_i = 1` is the most
-    confident), the exact finite-sample counterpart of that weight is the
-    harmonic tail
-
-    .. math::
-
-        \alpha_i = \sum_{m=r_i}^{n} \frac{1}{m}, \qquad
-        \mathrm{AURC} = \frac{1}{n}\sum_{i=1}^{n} \alpha_i\,\ell_i
-        = \frac{1}{n}\sum_{m=1}^{n}\ \frac{1}{m}\sum_{i:\,r_i \le m} \ell_i,
-
-    i.e. exactly the mean over the :math:`n` coverages :math:`m/n` of the
-    selective risk (Eq. (5) of [1]) of the :math:`m` most confident samples.
-    :math:`\alpha_i \approx -\ln((r_i - 1)/n) = -\ln(1 - G(x_i))` for large
-    :math:`n`; the plug-in :math:`-\ln(1-\hat G)` itself is infinite for the top
-    sample, so the harmonic form is used. Samples with tied scores get the mean of
-    their group's :math:`\alpha` (the expectation over random tie-breaking), which
-    keeps the loss permutation invariant.
-
-    The per-sample loss :math:`\ell_i` is the cross-entropy
-    :math:`-\log p_{y_i}`: [1] keeps :math:`\ell` generic ("such as
-    cross-entropy", Sec. 3.1) and trains AURC as a baseline loss, which needs a
-    differentiable :math:`\ell` (the 0/1 loss of the AURC *metric* has no
-    gradient; ``calib_jax.metrics`` evaluates that one). The weights
-    depend on the batch only through the ranking, which is piecewise constant:
-    they carry no gradient (``stop_gradient`` on the score), so the gradient is
-    :math:`\frac{1}{n}\sum_i \alpha_i \nabla \ell_i`.
-
-    This is the only loss of the package that sorts over the batch
-    (:math:`O(n\log n)`); :func:`au_pxtau` avoids the sort.
-
-    Args:
-      logits: float ``[B, K]`` unnormalised log-probabilities.
-      labels: int ``[B]`` class ids in ``[0, K)``.
-      csf: static str, the confidence score ranking the samples: ``'msp'``,
-        ``'neg_entropy'`` or ``'softmax_margin'``.
-      where: optional bool ``[B]``; ``False`` rows are ignored (padding).
-
-    Returns:
-      float32 scalar over the unmasked batch; global-batch semantics under
-      data-sharded jit (the sort spans all devices).
-
-    References:
-      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
-      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss", 2025,
-      Def. 3.3 and Eq. (5).
-      [2] Y. Geifman, G. Uziel, R. El-Yaniv, "Bias-Reduced Uncertainty
-      Estimation for Deep Neural Classifiers", ICLR 2019 (the AURC).
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> logits = jnp.array([[2.0, 0.0], [0.0, 1.0], [0.5, 0.0]])
-      >>> print(f"{float(aurc(logits, jnp.array([0, 0, 0]))):.4f}")
-      0.4950
-    """
-    csf = _check_csf(csf)
-    logits, labels, mask = prepare(logits, labels, where)
-    if logits.shape[0] == 0:  # an empty batch: 0, like every batch-level loss
-        return jnp.zeros((), logits.dtype)
-    return _aurc(logits, labels, mask, csf=csf)
-
-
-@functools.partial(jax.jit, static_argnames=("csf",))
-def _aurc(logits, labels, mask, *, csf):
-    logits = _clean(logits, mask)
-    rows = _row_stats(logits, labels, ce=True, **_csf_flags(csf))
-    dtype = logits.dtype
-    ce = jnp.where(mask, rows.ce, 0.0)
-    # G, the CDF in the weight -ln(1 - G) of Def. 3.3, enters only through the
-    # ranking, which is piecewise constant: no gradient flows through it.
-    score = lax.stop_gradient(_score(csf, rows))
-    # Descending score, excluded rows last; + 0.0 maps -0.0 to +0.0 so that
-    # equal scores get equal keys.
-    first, new_group = kernels.select(
-        "sort_keys",
-        _tie_groups_packed,
-        _tie_groups_plain,
-        jnp.where(mask, -score, jnp.inf) + 0.0,
-    )
-    b = score.shape[0]
-    n = jnp.sum(mask.astype(dtype))
-    rank = jnp.arange(1, b + 1, dtype=dtype)
-    inv = jnp.where(rank <= n, 1.0 / rank, 0.0)
-    # alpha_r = sum_{m=r}^{n} 1/m, summed from the small end for accuracy.
-    alpha = jnp.cumsum(inv[::-1])[::-1]
-    # Tied scores share the mean alpha of their group.
-    group = jnp.cumsum(new_group.astype(jnp.int32)) - 1
-    group_sum = jax.ops.segment_sum(alpha, group, num_segments=b)
-    group_size = jax.ops.segment_sum(jnp.ones_like(alpha), group, num_segments=b)
-    alpha = (group_sum / jnp.maximum(group_size, 1.0))[group[first]]
-    return jnp.sum(alpha * ce) / jnp.maximum(n, 1.0)
-
-
-def _tie_groups(key):
-    """``(first, new_group)`` of ascending ``key``: each sample's first sorted
-    position in its tie group (binary search), and the group starts."""
-    key_sorted = lax.sort(key)
-    first = jnp.searchsorted(key_sorted, key, side="left", method="scan")
-    new_group = jnp.concatenate(
-        [jnp.ones((1,), bool), key_sorted[1:] != key_sorted[:-1]]
-    )
-    return first, new_group
-
-
-def _tie_groups_packed(x):
-    """:func:`_tie_groups` of the floats ``x`` sorted as integer keys (no
-    payload; several times faster on XLA:CPU than sorting (score, loss) pairs).
-    Kernel family ``'sort_keys'`` (:mod:`calib_jax.kernels`); plain:
-    :func:`_tie_groups_plain`."""
-    return _tie_groups(_sortable(x))
-
-
-def _tie_groups_plain(x):
-    """Plain :func:`_tie_groups_packed`: the float keys themselves."""
-    return _tie_groups(x)
-
-
-def _sortable(x: jax.Array) -> jax.Array:
-    """Signed integers ordered as the floats ``x`` (no NaN, no -0.0), ``[B]``."""
-    itype = jnp.int64 if x.dtype == jnp.float64 else jnp.int32
-    bits = lax.bitcast_convert_type(x, itype)
-    # Negative floats order by decreasing magnitude: flip all but the sign bit.
-    return jnp.where(bits < 0, bits ^ jnp.iinfo(itype).max, bits)
-
-
-# ---------------------------------------------------------------------------
-# AU_Pxτ (bin-based smoothed CDF, no sort).
-# ---------------------------------------------------------------------------
 
 _DEFAULT_COVERAGE = 0.9
-
-
-def _bin_edges(csf: str, num_classes: int, num_bins: int, dtype) -> jax.Array:
-    lo, hi = _score_range(csf, num_classes)
-    return lo + (hi - lo) * jnp.arange(num_bins + 1, dtype=dtype) / num_bins
-
-
-def _histogram(score, mask, edges) -> jax.Array:
-    """Eq. (14) counts ``h_k`` of the unmasked scores, ``[M]`` (no gradient).
-
-    Bins are ``[e_k, e_{k+1})`` except the last, which is closed so that the top
-    of the range (e.g. MSP == 1) is counted; scores outside the range (rounding)
-    are counted in the nearest end bin.
-    """
-    num_bins = edges.shape[0] - 1
-    score = lax.stop_gradient(score)
-    # Bin index = number of interior edges at or below the score.
-    idx = jnp.sum(score[:, None] >= edges[None, 1:-1], axis=-1)
-    onehot = idx[:, None] == jnp.arange(num_bins)[None, :]
-    return jnp.sum(jnp.where(mask[:, None] & onehot, 1.0, 0.0), axis=0).astype(
-        edges.dtype
-    )
 
 
 def _coverage_threshold(hist, edges, coverage) -> jax.Array:
@@ -365,12 +78,12 @@ def _au_weights(logits, mask, *, num_bins, nu, tau, coverage, csf, hist, rows=No
     dtype = logits.dtype
     num_classes = logits.shape[-1]
     if rows is None:
-        rows = _row_stats(logits, **_csf_flags(csf))
-    score = _score(csf, rows)
-    edges = _bin_edges(csf, num_classes, num_bins, dtype)
+        rows = row_stats(logits, **csf_flags(csf))
+    score = csf_score(csf, rows)
+    edges = bin_edges(csf, num_classes, num_bins, dtype)
     centres = 0.5 * (edges[:-1] + edges[1:])
     if hist is None:
-        counts = _histogram(score, mask, edges)
+        counts = histogram(score, mask, edges)
     else:
         counts = lax.stop_gradient(jnp.asarray(hist, dtype))
     if tau is None:
@@ -389,11 +102,9 @@ def _au_weights(logits, mask, *, num_bins, nu, tau, coverage, csf, hist, rows=No
 def _check_au_args(num_bins, nu, tau, coverage, csf, hist, variant="paper"):
     num_bins = check_num_bins(num_bins)
     check_positive("nu", nu)
-    csf = _check_csf(csf)
-    if _released.check_variant(variant) == "released_code" and tau is not None:
-        _released.reject(
-            "au_pxtau", "tau (its tau is the coverage-quantile of the batch)"
-        )
+    csf = check_csf(csf)
+    if check_variant(variant) == "released_code" and tau is not None:
+        reject("au_pxtau", "tau (its tau is the coverage-quantile of the batch)")
     if tau is not None and coverage is not None:
         raise ValueError("Give at most one of tau and coverage, not both.")
     if tau is None and coverage is None:
@@ -559,7 +270,7 @@ def au_pxtau(
     )
     weight_grad = check_bool("weight_grad", weight_grad)
     if variant == "released_code" and not weight_grad:
-        _released.reject("au_pxtau", "weight_grad=False")
+        reject("au_pxtau", "weight_grad=False")
     logits, labels, mask = prepare(logits, labels, where)
     if variant == "released_code":
         return _au_pxtau_released(
@@ -583,8 +294,8 @@ def au_pxtau(
 def _au_pxtau(
     logits, labels, mask, nu, tau, coverage, hist, *, num_bins, csf, weight_grad
 ):
-    logits = _clean(logits, mask)
-    rows = _row_stats(logits, labels, ce=True, **_csf_flags(csf))
+    logits = zero_excluded_logits(logits, mask)
+    rows = row_stats(logits, labels, ce=True, **csf_flags(csf))
     beta = _au_weights(
         logits,
         mask,
@@ -645,8 +356,8 @@ def au_pxtau_weights(
     )
     weight_grad = check_bool("weight_grad", weight_grad)
     if variant == "released_code" and not weight_grad:
-        _released.reject("au_pxtau_weights", "weight_grad=False")
-    logits = _check_logits(logits)
+        reject("au_pxtau_weights", "weight_grad=False")
+    logits = check_logits(logits)
     mask = valid_mask(where, logits.shape[0])
     if variant == "released_code":
         return _au_pxtau_released_weights(
@@ -669,7 +380,7 @@ def au_pxtau_weights(
 def _au_pxtau_weights(
     logits, mask, nu, tau, coverage, hist, *, num_bins, csf, weight_grad
 ):
-    logits = _clean(logits, mask)
+    logits = zero_excluded_logits(logits, mask)
     beta = _au_weights(
         logits,
         mask,
@@ -727,27 +438,27 @@ def au_pxtau_update_hist(
       >>> print(h.tolist())
       [0.0, 0.0, 1.0, 1.0]
     """
-    csf = _check_csf(csf)
-    variant = _released.check_variant(variant)
+    csf = check_csf(csf)
+    variant = check_variant(variant)
     check_unit_interval("decay", decay, closed_left=True)
     hist = jnp.asarray(hist)
     if hist.ndim != 1 or hist.shape[0] < 1:
         raise ValueError(f"hist must have shape [num_bins], got {hist.shape}.")
-    logits = _check_logits(logits)
+    logits = check_logits(logits)
     mask = valid_mask(where, logits.shape[0])
     return _update_hist(hist, logits, mask, decay, csf=csf, variant=variant)
 
 
 @functools.partial(jax.jit, static_argnames=("csf", "variant"))
 def _update_hist(hist, logits, mask, decay, *, csf, variant):
-    logits = _clean(logits, mask)
+    logits = zero_excluded_logits(logits, mask)
     if variant == "released_code":
         score = _released.au_score(logits, csf)
         edges = _released.au_edges(hist.shape[0], logits.dtype)
     else:
-        score = _score(csf, _row_stats(logits, **_csf_flags(csf)))
-        edges = _bin_edges(csf, logits.shape[-1], hist.shape[0], logits.dtype)
-    counts = _histogram(score, mask, edges)
+        score = csf_score(csf, row_stats(logits, **csf_flags(csf)))
+        edges = bin_edges(csf, logits.shape[-1], hist.shape[0], logits.dtype)
+    counts = histogram(score, mask, edges)
     return jnp.asarray(decay, counts.dtype) * hist.astype(counts.dtype) + counts
 
 
@@ -756,14 +467,14 @@ def _released_counts(score, mask, hist, num_bins):
     batch, as ``SelectiveAULoss.forward`` adds before it weights) or, without
     a running state, this batch's own histogram."""
     if hist is None:
-        return _histogram(score, mask, _released.au_edges(num_bins, score.dtype))
+        return histogram(score, mask, _released.au_edges(num_bins, score.dtype))
     return lax.stop_gradient(jnp.asarray(hist, score.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("num_bins", "csf"))
 def _au_pxtau_released(logits, labels, mask, nu, coverage, hist, *, num_bins, csf):
-    logits = _clean(logits, mask)
-    ce = _row_stats(logits, labels, ce=True).ce
+    logits = zero_excluded_logits(logits, mask)
+    ce = row_stats(logits, labels, ce=True).ce
     score = _released.au_score(logits, csf)
     counts = _released_counts(score, mask, hist, num_bins)
     return _released.au_pxtau(ce, score, mask, counts, nu, coverage, num_bins=num_bins)
@@ -771,7 +482,7 @@ def _au_pxtau_released(logits, labels, mask, nu, coverage, hist, *, num_bins, cs
 
 @functools.partial(jax.jit, static_argnames=("num_bins", "csf"))
 def _au_pxtau_released_weights(logits, mask, nu, coverage, hist, *, num_bins, csf):
-    logits = _clean(logits, mask)
+    logits = zero_excluded_logits(logits, mask)
     score = _released.au_score(logits, csf)
     counts = _released_counts(score, mask, hist, num_bins)
     return _released.au_weights(score, mask, counts, nu, coverage, num_bins=num_bins)

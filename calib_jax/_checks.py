@@ -1,0 +1,400 @@
+r"""One checking contract for the array inputs and options of every entry point.
+
+Losses, metrics, post-hoc calibrators and conformal predictors check their
+inputs with the functions here; the packages add only what is theirs (the
+simplex check of probabilities, ``N > 0`` for fitters, the warnings of a fit
+that looks wrong). Three kinds of check:
+
+1. **Static** checks of dtypes, ranks, shapes, masks and options
+   (:func:`check_scores_labels`, :func:`check_where`, the scalar checks).
+   They read no array value, so they run on every call, also while a caller
+   traces under ``jax.jit``/``jax.vmap``, and cost nothing at run time.
+2. **Value** checks (NaN/inf in an included row, labels outside ``[0, K)``, a
+   mask excluding every row) as a *fused summary*: :func:`value_summary` is
+   traceable; the caller computes it inside the same compiled call as its own
+   work (one read of the inputs, no extra dispatch), returns it next to the
+   result and calls :func:`raise_for_values` on the host afterwards. Under an
+   outer ``jax.jit`` the summary is a tracer and nothing is raised
+   (:func:`is_concrete`): a traced training or evaluation step never syncs.
+3. **Scalar** checks of hyperparameters and options (positive, non-negative,
+   unit interval, choice, bin count, positive int, bool). A traced scalar
+   passes through unchecked.
+
+Every error is one line that names the argument, its shape or value and the
+valid range or names: ``TypeError`` for a wrong dtype or type, ``ValueError``
+otherwise. The value messages keep the wording each family has always used
+(``family`` = ``'loss'``, ``'fit'`` or ``'metric'``), which callers and tests
+match on.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# ---------------------------------------------------------------------------
+# Concreteness
+# ---------------------------------------------------------------------------
+
+
+def is_concrete(*values) -> bool:
+    """True when no argument is a JAX tracer (so its values can be inspected).
+
+    ``None`` arguments are ignored.
+    """
+    return not any(isinstance(v, jax.core.Tracer) for v in values if v is not None)
+
+
+def concrete_float(value) -> float | None:
+    """``value`` as a Python float when it is a concrete scalar, else None.
+
+    Tracers, arrays of rank > 0 and values that do not convert give None.
+    """
+    if isinstance(value, jax.core.Tracer):
+        return None
+    if isinstance(value, numbers.Number):
+        return float(value)
+    arr = value if isinstance(value, jax.Array) else np.asarray(value)
+    if getattr(arr, "ndim", 1) != 0:
+        return None
+    try:
+        return float(arr)
+    except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+        return None
+
+
+# ---------------------------------------------------------------------------
+# Static array checks (dtype, rank, shape, mask)
+# ---------------------------------------------------------------------------
+
+
+def check_floating(x, name: str) -> jax.Array:
+    """``x`` as a JAX array; TypeError unless its dtype is floating point."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{name} must be floating point, got dtype {x.dtype}.")
+    return x
+
+
+def check_labels_dtype(labels, name: str = "labels") -> jax.Array:
+    """``labels`` as a JAX array; TypeError unless its dtype is integer."""
+    labels = jnp.asarray(labels)
+    if not jnp.issubdtype(labels.dtype, jnp.integer):
+        raise TypeError(f"{name} must be integer class ids, got dtype {labels.dtype}.")
+    return labels
+
+
+def check_rank(x, name: str, shape: str) -> None:
+    """ValueError unless ``x.ndim`` matches the shape text (e.g. ``'[N, K]'``)."""
+    if x.ndim != shape.count(",") + 1:
+        raise ValueError(f"{name} must have shape {shape}, got shape {x.shape}.")
+
+
+def check_where(where, n: int, *, rows: str = "N"):
+    """The bool ``[n]`` mask as a JAX array, or None when ``where`` is None.
+
+    Raises:
+      TypeError: a non-bool mask.
+      ValueError: a mask of another shape.
+    """
+    if where is None:
+        return None
+    where = jnp.asarray(where)
+    if where.dtype != jnp.bool_:
+        raise TypeError(f"where must be a bool mask, got dtype {where.dtype}.")
+    if where.shape != (n,):
+        raise ValueError(f"where must have shape [{rows}] = ({n},), got {where.shape}.")
+    return where
+
+
+def check_scores_labels(
+    x,
+    labels,
+    where=None,
+    *,
+    name: str,
+    rows: str = "N",
+    purpose: str = "",
+    min_classes_hint: str = "",
+):
+    """Static checks of a float ``[rows, K]`` array, its labels and mask.
+
+    Args:
+      x: float ``[N, K]`` (logits or probabilities).
+      labels: int ``[N]``.
+      where: optional bool ``[N]``.
+      name: how ``x`` is called in messages (``'logits'``, ``'probs'``,
+        ``'val logits'``).
+      rows: the symbol of the leading dimension in messages (``'N'``, ``'B'``).
+      purpose: what needs at least one row, e.g. ``'a metric'``; empty means
+        that ``N = 0`` is allowed (a loss of an empty batch is 0).
+      min_classes_hint: appended to the ``K < 2`` message.
+
+    Returns:
+      ``(x, labels, where)`` as JAX arrays (``where`` may stay None).
+
+    Raises:
+      TypeError: non-floating ``x``, non-integer labels, non-bool ``where``.
+      ValueError: wrong ranks, mismatched lengths, ``K < 2``, and ``N = 0``
+        when ``purpose`` is given.
+    """
+    x = check_floating(x, name)
+    labels = check_labels_dtype(labels)
+    check_rank(x, name, f"[{rows}, K]")
+    check_rank(labels, "labels", f"[{rows}]")
+    n, k = x.shape
+    if labels.shape[0] != n:
+        raise ValueError(
+            f"{name} has {n} rows but labels has {labels.shape[0]} entries: they "
+            f"disagree on the batch size ({name} {x.shape}, labels {labels.shape})."
+        )
+    if n == 0 and purpose:
+        raise ValueError(
+            f"{name} is empty (N = 0): {purpose} needs at least one sample."
+        )
+    if k < 2:
+        raise ValueError(
+            f"{name} has K = {k} class(es) (shape {x.shape}); at least 2 classes "
+            f"(K >= 2) are needed{min_classes_hint}."
+        )
+    where = check_where(where, n, rows=rows)
+    return x, labels, where
+
+
+# ---------------------------------------------------------------------------
+# Value checks as a fused summary
+# ---------------------------------------------------------------------------
+
+
+class ValueSummary(NamedTuple):
+    """Scalars that :func:`raise_for_values` turns into one message.
+
+    Attributes:
+      included: number of included rows.
+      nonfinite: included rows holding NaN or inf.
+      first_nonfinite: the first such row (0 when there is none).
+      bad_labels: included rows whose label lies outside ``[0, K)``.
+      first_bad_label: the first such row (0 when there is none).
+      bad_label: the label of that row.
+    """
+
+    included: jax.Array
+    nonfinite: jax.Array
+    first_nonfinite: jax.Array
+    bad_labels: jax.Array
+    first_bad_label: jax.Array
+    bad_label: jax.Array
+
+
+def value_summary(x, labels, where=None, *, row_finite=None) -> ValueSummary:
+    """The value checks of ``(x, labels, where)`` as a few scalars (traceable).
+
+    Computed inside the caller's own compiled call, it shares that call's
+    read of ``x``; nothing here syncs with the host.
+
+    Args:
+      x: float ``[N, K]``.
+      labels: int ``[N]``.
+      where: bool ``[N]`` or None (every row).
+      row_finite: optional bool ``[N]``, whether each row is finite, when the
+        caller has a cheaper way to know it (e.g. from row sums or a
+        log-sum-exp it computes anyway); default ``all(isfinite(x), axis=1)``.
+
+    Returns:
+      A :class:`ValueSummary` of scalars.
+    """
+    keep = jnp.ones(labels.shape, bool) if where is None else where
+    if row_finite is None:
+        row_finite = jnp.all(jnp.isfinite(x), axis=1)
+    bad = keep & ~row_finite
+    out = keep & ((labels < 0) | (labels >= x.shape[1]))
+    first_out = jnp.argmax(out)
+    return ValueSummary(
+        jnp.sum(keep.astype(jnp.int32)),
+        jnp.sum(bad.astype(jnp.int32)),
+        jnp.argmax(bad),
+        jnp.sum(out.astype(jnp.int32)),
+        first_out,
+        labels[first_out] if labels.shape[0] else jnp.zeros((), labels.dtype),
+    )
+
+
+_NO_ROWS = {
+    "loss": "where excludes every row.",
+    "fit": "where excludes every row: fitting needs at least one sample.",
+    "metric": "where excludes every row: a metric needs at least one sample.",
+}
+
+
+def nonfinite_message(name: str, count: int, first: int, family: str) -> str:
+    """The one-line message for ``count`` NaN/inf rows, first at ``first``."""
+    if family == "metric":
+        return f"{name} contains NaN or inf in {count} row(s) (first: row {first})."
+    if family == "loss":
+        return f"{name} contain NaN/inf in {count} row(s) (first: row {first})."
+    return f"{name} contain NaN/inf values in {count} row(s) (first at row {first})."
+
+
+def label_message(k: int, label: int, row: int, count: int, family: str) -> str:
+    """The one-line message for ``count`` labels outside ``[0, k)``."""
+    if family == "metric":
+        return (
+            f"labels must lie in [0, {k}); found {label} at row {row} ({count} "
+            "label(s) out of range)."
+        )
+    return (
+        f"labels must lie in [0, K) = [0, {k}); found {label} at row {row} "
+        f"({count} out of range)."
+    )
+
+
+def raise_for_values(
+    summary: ValueSummary,
+    num_classes: int,
+    *,
+    name: str = "logits",
+    family: str = "fit",
+    allow_empty: bool = False,
+) -> None:
+    """Raises the one-line ValueError a :class:`ValueSummary` calls for.
+
+    Does nothing when the summary is a tracer (the caller is being traced).
+    The order of the checks: no included row, NaN/inf, labels out of range.
+
+    Args:
+      summary: the output of :func:`value_summary` (fetched here).
+      num_classes: ``K``.
+      name: how ``x`` is called in the messages.
+      family: ``'loss'``, ``'fit'`` or ``'metric'``, the wording of the message.
+      allow_empty: whether no included row is fine (losses: a zero loss).
+    """
+    if not is_concrete(*summary):
+        return
+    s = ValueSummary(*(int(v) for v in jax.device_get(tuple(summary))))
+    if s.included == 0:
+        if allow_empty:
+            return
+        raise ValueError(_NO_ROWS[family])
+    if s.nonfinite:
+        raise ValueError(
+            nonfinite_message(name, s.nonfinite, s.first_nonfinite, family)
+        )
+    if s.bad_labels:
+        raise ValueError(
+            label_message(
+                num_classes, s.bad_label, s.first_bad_label, s.bad_labels, family
+            )
+        )
+
+
+_value_summary_jit = jax.jit(value_summary)
+
+
+def check_values(
+    x,
+    labels,
+    where=None,
+    *,
+    name: str = "logits",
+    family: str = "fit",
+    allow_empty: bool = False,
+) -> None:
+    """Value checks as a compiled call of their own, for concrete inputs only.
+
+    For callers that do not compute :func:`value_summary` inside their own
+    compiled call (host code, small inputs). Traced inputs are not checked.
+    """
+    if not is_concrete(x, labels, where) or x.shape[0] == 0:
+        return
+    raise_for_values(
+        _value_summary_jit(x, labels, where),
+        x.shape[1],
+        name=name,
+        family=family,
+        allow_empty=allow_empty,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Scalar checks (hyperparameters and options)
+# ---------------------------------------------------------------------------
+
+
+def check_positive(name: str, value):
+    """Returns ``value``; ValueError if it is a concrete scalar not > 0 (NaN too)."""
+    v = concrete_float(value)
+    if v is not None and not v > 0:
+        raise ValueError(f"{name} must be > 0, got {v}.")
+    return value
+
+
+def check_nonnegative(name: str, value):
+    """Returns ``value``; ValueError if it is a concrete scalar not >= 0 (NaN too)."""
+    v = concrete_float(value)
+    if v is not None and not v >= 0:
+        raise ValueError(f"{name} must be >= 0, got {v}.")
+    return value
+
+
+def check_unit_interval(
+    name: str, value, *, closed_left: bool = False, closed_right: bool = True
+):
+    """Returns ``value``; ValueError if a concrete scalar lies outside the
+    unit interval (``(0, 1]`` by default; the ends as the flags say)."""
+    v = concrete_float(value)
+    if v is None:
+        return value
+    above = (0.0 <= v) if closed_left else (0.0 < v)
+    below = (v <= 1.0) if closed_right else (v < 1.0)
+    if not (above and below):
+        interval = (
+            ("[" if closed_left else "(") + "0, 1" + ("]" if closed_right else ")")
+        )
+        raise ValueError(f"{name} must lie in {interval}, got {v}.")
+    return value
+
+
+def check_choice(name: str, value, allowed):
+    """Returns ``value``; ValueError unless it is one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}.")
+    return value
+
+
+def check_num_bins(num_bins) -> int:
+    """``num_bins`` as int; ValueError unless it is an int >= 1.
+
+    A ValueError (not TypeError) for a non-int too, so that every bad bin
+    count raises the same.
+    """
+    if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral):
+        raise ValueError(f"num_bins must be a Python int >= 1, got {num_bins!r}.")  # noqa: TRY004
+    if num_bins < 1:
+        raise ValueError(f"num_bins must be >= 1, got {num_bins}.")
+    return int(num_bins)
+
+
+def check_int(name: str, value, *, minimum: int = 1) -> int:
+    """``value`` as int; TypeError for a non-int, ValueError below ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a Python int >= {minimum}, got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
+    return int(value)
+
+
+def check_positive_int(name: str, value) -> int:
+    """``value`` as int; TypeError for a non-int, ValueError unless >= 1."""
+    return check_int(name, value, minimum=1)
+
+
+def check_bool(name: str, value) -> bool:
+    """A static switch (Python or NumPy bool) as bool; ValueError otherwise."""
+    if not isinstance(value, (bool, np.bool_)):
+        # ValueError as the losses have always raised for a bad switch.
+        raise ValueError(f"{name} must be True or False, got {value!r}.")  # noqa: TRY004
+    return bool(value)

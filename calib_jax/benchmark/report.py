@@ -21,9 +21,9 @@ import re
 from etils import epath
 from ml_collections import ConfigDict
 
-from calib_jax import storage
+from calib_jax import posthoc, storage
 from calib_jax.benchmark import aggregation as agg
-from calib_jax.benchmark import evaluate, grid, tables
+from calib_jax.benchmark import evaluate, tables
 from calib_jax.benchmark import figures as figures_lib
 
 REPORT_FILE = "report.md"
@@ -107,7 +107,7 @@ def write_report(
     skipped = [
         c
         for c in config.get("calibrators", ())
-        if c in grid.posthoc.BINARY_ONLY and c not in set(agg.calibrators(rows))
+        if c in posthoc.BINARY_ONLY and c not in set(agg.calibrators(rows))
     ]
     lines += [
         (

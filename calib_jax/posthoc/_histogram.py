@@ -234,10 +234,13 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning):
         thresholds = jnp.broadcast_to(edges[None, :], (k, num_bins - 1))
     else:
         keys, offset, key_bits = _keys(v, k, top_label=variant == "top_label")
+        # Top-label group sizes come from the first pass over the rows;
+        # one-vs-rest ones are known (every kept row, in every column).
+        ranks = functools.partial(_reduction.equal_mass_ranks, num_bins=num_bins)
         bits, count_le, sizes = _reduction.grouped_order_statistics(
             keys.reshape(-1),
             group.reshape(-1),
-            functools.partial(_reduction.equal_mass_ranks, num_bins=num_bins),
+            ranks if variant == "top_label" else ranks(sizes),
             num_groups=k,
             key_bits=key_bits,
         )

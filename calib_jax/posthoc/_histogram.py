@@ -221,10 +221,11 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning):
         cls = jnp.broadcast_to(columns[None, :], (n, k))
         group = jnp.where(keep[:, None], cls, k)
     v = v.astype(jnp.float32)
-    if variant == "top_label":
-        sizes = jax.ops.segment_sum(jnp.ones((n,), jnp.int32), group, k + 1)[:k]
-    else:
+    equal_mass = num_bins > 1 and binning == "equal_mass"
+    if variant == "one_vs_rest":
         sizes = jnp.full((k,), jnp.sum(keep.astype(jnp.int32)), jnp.int32)
+    elif not equal_mass:  # else the order statistics' first pass counts them
+        sizes = jax.ops.segment_sum(jnp.ones((n,), jnp.int32), group, k + 1)[:k]
     count_le = None
     if num_bins == 1:
         thresholds = jnp.zeros((k, 0), jnp.float32)
@@ -232,14 +233,33 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning):
         edges = jnp.arange(1, num_bins, dtype=jnp.float32) / num_bins
         thresholds = jnp.broadcast_to(edges[None, :], (k, num_bins - 1))
     else:
-        ranks = _reduction.equal_mass_ranks(sizes, num_bins)
         keys, offset, key_bits = _keys(v, k, top_label=variant == "top_label")
-        bits, count_le = _reduction.grouped_order_statistics(
-            keys.reshape(-1), group.reshape(-1), ranks, key_bits=key_bits
+        # Top-label group sizes come from the first pass over the rows;
+        # one-vs-rest ones are known (every kept row, in every column).
+        ranks = functools.partial(_reduction.equal_mass_ranks, num_bins=num_bins)
+        bits, count_le, sizes = _reduction.grouped_order_statistics(
+            keys.reshape(-1),
+            group.reshape(-1),
+            ranks if variant == "top_label" else ranks(sizes),
+            num_groups=k,
+            key_bits=key_bits,
         )
         thresholds = _reduction.bits_float(bits + offset)
     size = k * num_bins + 1
-    if variant == "top_label":
+    if variant == "top_label" and count_le is not None:
+        # Equal-mass bins: the order statistics counted the rows up to each
+        # threshold, so the bins' counts are their differences, and only the
+        # correct predictions need a scatter (their bins by binary search).
+        bins = _reduction.segmented_searchsorted(thresholds, cls, v, side="left")
+        hit = (group < k) & (cls == labels)
+        seg = jnp.where(hit, group * num_bins + bins, k * num_bins)
+        hits = jax.ops.segment_sum(jnp.ones((n,), jnp.int32), seg, size)
+        hits = hits[:-1].reshape(k, num_bins)
+        edges = jnp.concatenate(
+            [jnp.zeros((k, 1), jnp.int32), count_le, sizes[:, None]], axis=1
+        )
+        count = jnp.diff(edges, axis=1)
+    elif variant == "top_label":
         # Counts and correct predictions per (predicted class, bin): one
         # scatter over the N rows.
         bins = bin_index(thresholds, v, cls)
@@ -255,13 +275,10 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning):
         hits = jax.ops.segment_sum(jnp.ones((n,), jnp.int32), seg, size)
         hits = hits[:-1].reshape(k, num_bins)
         if count_le is None:  # count_le[k, j] = #{n : v_nk <= t_kj}
-            count_le = jnp.stack(
-                [
-                    jnp.sum((v <= thresholds[None, :, j]) & keep[:, None], axis=0)
-                    for j in range(num_bins - 1)
-                ],
-                axis=1,
-            ).reshape(k, num_bins - 1)
+            count_le = jnp.zeros((k, 0), jnp.int32)
+            for j in range(num_bins - 1):
+                below = jnp.sum((v <= thresholds[None, :, j]) & keep[:, None], axis=0)
+                count_le = jnp.concatenate([count_le, below[:, None]], axis=1)
         edges = jnp.concatenate(
             [jnp.zeros((k, 1), jnp.int32), count_le, sizes[:, None]], axis=1
         )

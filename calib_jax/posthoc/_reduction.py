@@ -167,8 +167,13 @@ def _widths(num_slots: int, key_bits: int = 32) -> tuple[int, ...]:
 
 
 def grouped_order_statistics(
-    bits: jax.Array, group: jax.Array, ranks: jax.Array, *, key_bits: int = 32
-) -> jax.Array:
+    bits: jax.Array,
+    group: jax.Array,
+    ranks,
+    *,
+    num_groups: int | None = None,
+    key_bits: int = 32,
+):
     """The ``ranks[g, r]``-th smallest ``bits`` among the rows of group ``g``.
 
     A most-significant-digit-first radix select, as
@@ -185,21 +190,32 @@ def grouped_order_statistics(
       group: int32 ``[M]`` group of each row in ``[0, G]``; ``G`` excludes
         the row.
       ranks: int32 ``[G, R]``, ascending along ``R``, each in ``[0, n_g)``
-        (``n_g`` the group's size; anything for an empty group).
+        (``n_g`` the group's size; anything for an empty group); or a
+        function of the group sizes ``n`` (int32 ``[G]``) returning them, which
+        the first pass's histogram gives without another pass over the rows.
+      num_groups: static ``G``; needed when ``ranks`` is a function.
       key_bits: static; every key is below ``2**key_bits`` (fewer bits, fewer
         passes).
 
     Returns:
-      ``(values, count_le)``: uint32 ``[G, R]`` order statistics and int32
-      ``[G, R]`` numbers of the group's rows ``<=`` each of them.
+      ``(values, count_le, sizes)``: uint32 ``[G, R]`` order statistics, int32
+      ``[G, R]`` numbers of the group's rows ``<=`` each of them, and the
+      int32 ``[G]`` group sizes.
     """
-    g_count, r_count = ranks.shape
+    if callable(ranks):
+        g_count, rank_fn = num_groups, ranks
+        r_count = jax.eval_shape(
+            rank_fn, jax.ShapeDtypeStruct((g_count,), jnp.int32)
+        ).shape[1]
+    else:
+        g_count, r_count = ranks.shape
+        rank_fn = None
     slots = g_count * r_count
     m = bits.shape[0]
     ones = jnp.ones((m,), jnp.int32)
     rank_group = jnp.arange(g_count, dtype=jnp.int32)[:, None]
     prefix = jnp.zeros((g_count, r_count), jnp.uint32)
-    local = ranks.astype(jnp.int32)
+    sizes = None
     widths = _widths(slots, key_bits)
     shift = key_bits
     row_slot = None  # slot of each row after the previous pass (slots = none)
@@ -212,6 +228,10 @@ def grouped_order_statistics(
             seg = jnp.where(group < g_count, group * size + digit, g_count * size)
             hist = jax.ops.segment_sum(ones, seg, g_count * size + 1)
             hist = hist[: g_count * size].reshape(g_count, size)
+            sizes = jnp.sum(hist, axis=1)
+            if rank_fn is not None:
+                ranks = rank_fn(sizes)
+            local = ranks.astype(jnp.int32)
             counts = jnp.broadcast_to(hist[:, None, :], (g_count, r_count, size))
         else:
             seg = jnp.where(row_slot < slots, row_slot * size + digit, slots * size)
@@ -247,7 +267,7 @@ def grouped_order_statistics(
         table = table.at[parent.reshape(-1)].set(new_slot.reshape(-1))
         row_slot = table.at[row_parent].get(mode="fill", fill_value=slots)
         rank_slot = new_slot
-    return prefix, count_le
+    return prefix, count_le, sizes
 
 
 def equal_mass_ranks(sizes: jax.Array, num_bins: int) -> jax.Array:

@@ -137,6 +137,30 @@ def test_histogram_binning_matches_float64_reference(variant, binning):
         np.testing.assert_allclose(params["values"][c], values, atol=1e-7)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("binning", ["equal_mass", "equal_width"])
+def test_histogram_binning_one_bin_is_each_classs_frequency(variant, binning):
+    # One bin per class: no thresholds, and the value is the fraction of
+    # positives among the class's rows (predicted as it, or all rows).
+    z, y = tied(400, 4, seed=3, distinct=90)
+    w = np.random.default_rng(4).random(400) > 0.3
+    params = posthoc.fit_histogram_binning(
+        z, y, where=w, variant=variant, num_bins=1, binning=binning
+    )
+    p = np.asarray(library_scores(z, variant), np.float64)
+    assert params["thresholds"].shape == (4, 0)
+    for c in range(4):
+        if variant == "top_label":
+            sel = w & (p.argmax(1) == c)
+        else:
+            sel = w
+        expected = np.mean(y[sel] == c) if sel.any() else None
+        if expected is None:
+            assert not params["fitted"][c]
+        else:
+            np.testing.assert_allclose(params["values"][c, 0], expected, rtol=1e-6)
+
+
 def test_histogram_binning_equal_mass_bins_hold_equal_counts_without_ties():
     z, y = overconfident(1500, 3, seed=5, scale=1.0)  # continuous, no ties
     params = posthoc.fit_histogram_binning(z, y, variant="one_vs_rest", num_bins=10)

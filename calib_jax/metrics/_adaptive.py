@@ -172,15 +172,22 @@ def _rank_stats_sort(conf, correct, valid, *, num_bins):
     return count, sum_conf.astype(jnp.float32), sum_correct, n
 
 
-def equal_mass_error(probs, labels, where, num_bins, convention, p):
+def equal_mass_error(probs, labels, where, num_bins, convention, p, screen=False):
     """Top-label binned error with the convention's equal-mass bins (traceable).
 
     From ``2**15`` rows on, the ``'rank'`` rule needs no sort: its bins come
     from ``M - 1`` order statistics found by radix select (``_select.py``),
     then one scatter-add (6x faster than the sort at 10**6 rows; below
     ``2**15`` rows the sort is as fast). The interpolating rules sort.
+
+    With ``screen``, returns ``(error, sums)``: also the row sums of the input
+    check's value screen, from the same read of ``probs``
+    (:func:`_common.top_label`).
     """
-    conf, correct = _common.top_label(probs, labels)
+    if screen:
+        conf, correct, sums = _common.top_label(probs, labels, screen=True)
+    else:
+        conf, correct = _common.top_label(probs, labels)
     valid = _common.mask_or_ones(where, conf.shape[0])
     if convention.equal_mass == "rank" and conf.shape[0] >= SELECT_MIN_ROWS:
         count, sum_conf, sum_correct, n = kernels.select(
@@ -195,12 +202,13 @@ def equal_mass_error(probs, labels, where, num_bins, convention, p):
         count, sum_conf, sum_correct, n, _, _ = equal_mass_stats(
             conf, correct, valid, num_bins, convention.equal_mass
         )
-    return _common.binned_error(
+    out = _common.binned_error(
         count, sum_conf, sum_correct, n, p=p, min_count=convention.min_count
     )
+    return (out, sums) if screen else out
 
 
-_adaptive_core = jax.jit(equal_mass_error, static_argnums=(3, 4, 5))
+_adaptive_core = jax.jit(equal_mass_error, static_argnums=(3, 4, 5, 6))
 
 
 def adaptive_ece(
@@ -256,5 +264,9 @@ def adaptive_ece(
     m = _validate.check_num_bins(num_bins)
     p = _validate.check_p(p)
     check_equal_mass(conv)
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
-    return _adaptive_core(probs, labels, where, m, conv, p)
+    probs, labels, where = _validate.check_probs_labels(
+        probs, labels, where, values=False
+    )
+    return _validate.evaluate(
+        _adaptive_core, probs, labels, where, m, conv, p, screened=True
+    )

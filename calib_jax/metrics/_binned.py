@@ -28,29 +28,48 @@ def _options(num_bins, binning, convention):
     return m, conv
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
-def _top_label_core(probs, labels, where, num_bins, binning, convention, p):
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7))
+def _top_label_core(
+    probs, labels, where, num_bins, binning, convention, p, screen=False
+):
+    """The top-label binned error; with ``screen`` also the row sums of the
+    input check's value screen (``None`` where the path does not read
+    ``probs`` through :func:`_common.top_label` itself)."""
+    sums = None
     if binning == "equal_width" and p == 1 and convention.min_count == 1:
         # Fast path: the ECE only needs sum(conf - correct) per bin.
-        conf, correct = _common.top_label(probs, labels)
+        if screen:
+            conf, correct, sums = _common.top_label(probs, labels, screen=True)
+        else:
+            conf, correct = _common.top_label(probs, labels)
         valid = _common.mask_or_ones(where, conf.shape[0])
         bins = _binning.bin_index(conf, num_bins, convention)
         slots = _binning.num_slots(convention, num_bins)
         gaps = _kernels.gap_sums_top_label(conf, correct, bins, valid, slots)
         n = jnp.maximum(jnp.sum(valid.astype(jnp.int32)), 1).astype(gaps.dtype)
-        return jnp.sum(jnp.abs(gaps)) / n
-    if binning == "equal_width":
+        out = jnp.sum(jnp.abs(gaps)) / n
+    elif binning == "equal_width":
         stats = _stats._from_batch_impl(
             probs, labels, where, num_bins, convention, False
         )
-        return _stats._compute(stats, p)
-    return _adaptive.equal_mass_error(probs, labels, where, num_bins, convention, p)
+        out = _stats._compute(stats, p)
+    else:
+        out = _adaptive.equal_mass_error(
+            probs, labels, where, num_bins, convention, p, screen
+        )
+        if screen:
+            out, sums = out
+    return (out, sums) if screen else out
 
 
 def _top_label_error(probs, labels, where, num_bins, binning, convention, p):
     m, conv = _options(num_bins, binning, convention)
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
-    return _top_label_core(probs, labels, where, m, binning, conv, p)
+    probs, labels, where = _validate.check_probs_labels(
+        probs, labels, where, values=False
+    )
+    return _validate.evaluate(
+        _top_label_core, probs, labels, where, m, binning, conv, p, screened=True
+    )
 
 
 def ece(

@@ -77,8 +77,12 @@ def _run(probs, labels, where, num_bins, binning, convention, p, mode):
     _validate.check_choice("binning", binning, BINNINGS)
     if binning == "equal_mass":
         _adaptive.check_equal_mass(conv)
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
-    return _classwise_core(probs, labels, where, m, binning, conv, p, mode)
+    probs, labels, where = _validate.check_probs_labels(
+        probs, labels, where, values=False
+    )
+    return _validate.evaluate(
+        _classwise_core, probs, labels, where, m, binning, conv, p, mode
+    )
 
 
 def classwise_ece(

@@ -49,10 +49,10 @@ def _top_label_core(
         n = jnp.maximum(jnp.sum(valid.astype(jnp.int32)), 1).astype(gaps.dtype)
         out = jnp.sum(jnp.abs(gaps)) / n
     elif binning == "equal_width":
-        stats = _stats._from_batch_impl(
+        stats = _stats.stats_from_batch(
             probs, labels, where, num_bins, convention, False
         )
-        out = _stats._compute(stats, p)
+        out = _stats.stats_error(stats, p)
     else:
         out = _adaptive.equal_mass_error(
             probs, labels, where, num_bins, convention, p, screen
@@ -215,7 +215,7 @@ def mce(
 @functools.partial(jax.jit, static_argnums=(3, 4, 5))
 def _reliability_core(probs, labels, where, num_bins, binning, convention):
     if binning == "equal_width":
-        stats = _stats._from_batch_impl(
+        stats = _stats.stats_from_batch(
             probs, labels, where, num_bins, convention, False
         )
         return stats.reliability()

@@ -34,7 +34,7 @@ def _per_class_equal_mass(probs, labels, valid, num_bins, rule):
 def _class_stats(probs, labels, where, num_bins, binning, convention):
     valid = _common.mask_or_ones(where, probs.shape[0])
     if binning == "equal_width":
-        s = _stats._from_batch_impl(probs, labels, where, num_bins, convention, True)
+        s = _stats.stats_from_batch(probs, labels, where, num_bins, convention, True)
         return s.count, s.sum_conf, s.sum_correct, s.total
     return _per_class_equal_mass(probs, labels, valid, num_bins, convention.equal_mass)
 

@@ -35,7 +35,7 @@ _WIDTHS = (11, 11, 10)
 
 def count_below(x: jax.Array, table: jax.Array) -> jax.Array:
     """``#{r : table[r] < x}`` for each entry of ``x`` (``table`` sorted)."""
-    return _binning._count_edges(x, table, strict=True)
+    return _binning.count_edges(x, table, strict=True)
 
 
 def order_statistics(bits: jax.Array, valid: jax.Array, ranks: jax.Array) -> jax.Array:

@@ -197,7 +197,7 @@ class BinnedStats:
         """
         allowed = (1, 2) if self.classwise else (1, 2, float("inf"))
         p = _validate.check_p(p, allowed)
-        return _compute(self, p)
+        return stats_error(self, p)
 
     def reliability(self) -> dict[str, jax.Array]:
         """Per-bin ``count``, mean ``confidence``, ``accuracy``, ``lower``, ``upper``.
@@ -215,7 +215,8 @@ class BinnedStats:
         }
 
 
-def _compute(stats: BinnedStats, p: float) -> jax.Array:
+def stats_error(stats: BinnedStats, p: float) -> jax.Array:
+    """The binned error of ``stats`` (:meth:`BinnedStats.compute`, traceable)."""
     conv = stats.convention
     if not stats.classwise:
         return _common.binned_error(
@@ -245,7 +246,8 @@ def classwise_error(count, sum_conf, sum_correct, total, p, convention):
     return jnp.sqrt(jnp.mean(_common.squared_error(count, gap, keep, denom)))
 
 
-def _from_batch_impl(probs, labels, where, num_bins, convention, classwise):
+def stats_from_batch(probs, labels, where, num_bins, convention, classwise):
+    """:meth:`BinnedStats.from_batch` on checked inputs (traceable, no checks)."""
     n = probs.shape[0]
     valid = _common.mask_or_ones(where, n)
     total = jnp.sum(valid.astype(jnp.int32))
@@ -291,5 +293,5 @@ def _from_confidences_impl(conf, correct, where, num_bins, convention):
     )
 
 
-_from_batch = jax.jit(_from_batch_impl, static_argnums=(3, 4, 5))
+_from_batch = jax.jit(stats_from_batch, static_argnums=(3, 4, 5))
 _from_confidences = jax.jit(_from_confidences_impl, static_argnums=(3, 4))

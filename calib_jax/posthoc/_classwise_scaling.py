@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from calib_jax.posthoc import _core, _validate
+from calib_jax.posthoc import _core, _pts, _validate
 from calib_jax.posthoc._calibrator import Method
 
 ALPHA0 = 1.0
@@ -288,14 +288,12 @@ def fit_classwise(
     """
     logits, labels, where = _validate.check_inputs(logits, labels, where)
     rounds = _validate.check_positive_int("rounds", rounds)
-    from calib_jax.posthoc._pts import _as_key
-
     fns = _compiled(method)
     z, labels, uniform = _core.canonical(logits, labels, where)
     k = z.shape[-1]
     present = np.asarray(_core.class_sizes(labels, uniform, k)) > 0
 
-    params = fns["init"](z, labels, uniform, _as_key(seed))
+    params = fns["init"](z, labels, uniform, _pts.as_key(seed))
     losses0 = np.asarray(fns["class_losses"](params, z, labels, uniform))
     params = fns["train"](params, z, labels, uniform, 1)
     losses1 = np.asarray(fns["class_losses"](params, z, labels, uniform))

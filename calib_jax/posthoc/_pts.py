@@ -149,7 +149,7 @@ def fit_pts(
     hidden = tuple(_validate.check_positive_int("hidden", h) for h in hidden)
     steps = _validate.check_positive_int("steps", steps)
     _validate.check_nonnegative("weight_decay", weight_decay)
-    key = _as_key(seed)
+    key = as_key(seed)
     params = _fit(
         logits,
         labels,
@@ -166,7 +166,8 @@ def fit_pts(
     return params
 
 
-def _as_key(seed):
+def as_key(seed):
+    """A PRNG key from an int seed, an integer array or a key (returned as is)."""
     if isinstance(seed, (int,)) and not isinstance(seed, bool):
         return jax.random.key(seed)
     seed = jnp.asarray(seed)

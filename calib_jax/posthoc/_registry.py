@@ -327,7 +327,9 @@ def fit(
     fitter = get_calibrator(name)
     if name in BINARY_ONLY:
         _binary.check_binary(name, logits)
-    _validate.check_inputs(logits, labels, where)
+    # Values are checked by the fitter (inside its own compiled call where it
+    # can): here only shapes and dtypes, before the options.
+    _validate.check_inputs(logits, labels, where, values=False)
     _check_options(name, kwargs)
     try:
         with _validate.quiet_fit_warnings():

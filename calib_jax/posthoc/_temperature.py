@@ -209,7 +209,20 @@ def fit_temperature(
       3.46
     """
     _validate.check_choice("objective", objective, OBJECTIVES)
-    logits, labels, where = _validate.check_inputs(logits, labels, where)
+    fused = objective == "nll" and _validate.is_concrete(logits, labels, where)
+    logits, labels, where = _validate.check_inputs(
+        logits, labels, where, values=not fused
+    )
+    if fused:
+        # One compiled call: the fit and the value summary of its inputs.
+        max_iter = _validate.check_positive_int("max_iter", max_iter)
+        _validate.check_positive_int("num_bins", num_bins)
+        t, summary = _fit_nll_checked(logits, labels, where, tol, max_iter=max_iter)
+        _validate.raise_for_screen(summary, logits, labels, where)
+        _validate.warn_if_suspicious(
+            logits, labels, where, name="fit_temperature", temperatures=t
+        )
+        return t
     t = _dispatch(
         logits,
         labels,
@@ -376,6 +389,13 @@ def _fit_nll(logits, labels, where, tol, *, max_iter):
     z, labels, w = _core.canonical(logits, labels, where)
     u = fit_log_t_nll(z, labels, w, jnp.zeros((), z.dtype), max_iter=max_iter, tol=tol)
     return jnp.exp(u).astype(jnp.float32)
+
+
+@jax.jit
+def _fit_nll_checked(logits, labels, where, tol, *, max_iter):
+    """:func:`_fit_nll` and :func:`_validate.screen_summary` in one program."""
+    t = _fit_nll(logits, labels, where, tol, max_iter=max_iter)
+    return t, _validate.screen_summary(logits, labels, where)
 
 
 # ---------------------------------------------------------------------------

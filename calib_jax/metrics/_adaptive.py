@@ -44,7 +44,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import kernels
-from calib_jax.metrics import _binning, _common, _kernels, _select, _validate
+from calib_jax.metrics import (
+    _common,
+    _conventions,
+    _kernels,
+    _order_statistics,
+    _validate,
+)
 
 
 def _first_of_tie(s: jax.Array) -> jax.Array:
@@ -138,7 +144,7 @@ def equal_mass_stats(conf, correct, valid, num_bins, rule):
     return count, sum_conf, sum_correct, n, lower, upper
 
 
-def check_equal_mass(convention: _binning.Convention) -> str:
+def check_equal_mass(convention: _conventions.Convention) -> str:
     """The convention's equal-mass rule; ValueError when the preset has none."""
     if convention.equal_mass is None:
         raise ValueError(
@@ -157,7 +163,7 @@ def _rank_stats_select(conf, correct, valid, *, num_bins):
     select (kernel family ``'metric_radix_select'``; plain:
     :func:`_rank_stats_sort`)."""
     conf = conf.astype(jnp.float32) + 0.0  # the values the sort path bins
-    bins = _select.rank_bins(conf, valid, num_bins)
+    bins = _order_statistics.rank_bins(conf, valid, num_bins)
     count, sum_conf, sum_correct = _kernels.accumulate_top_label(
         conf, correct, bins, valid, num_bins
     )
@@ -176,7 +182,7 @@ def equal_mass_error(probs, labels, where, num_bins, convention, p, screen=False
     """Top-label binned error with the convention's equal-mass bins (traceable).
 
     From ``2**15`` rows on, the ``'rank'`` rule needs no sort: its bins come
-    from ``M - 1`` order statistics found by radix select (``_select.py``),
+    from ``M - 1`` order statistics found by radix select (``_order_statistics.py``),
     then one scatter-add (6x faster than the sort at 10**6 rows; below
     ``2**15`` rows the sort is as fast). The interpolating rules sort.
 
@@ -217,7 +223,7 @@ def adaptive_ece(
     *,
     num_bins: int = 15,
     p: float = 1,
-    convention: str | _binning.Convention = _binning.DEFAULT,
+    convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""Top-label ECE with equal-mass bins (adaptive ECE; sort-based).
@@ -260,7 +266,7 @@ def adaptive_ece(
       >>> print(f"{float(metrics.adaptive_ece(probs, labels, num_bins=2)):.3f}")
       0.150
     """
-    conv = _binning.get_convention(convention)
+    conv = _conventions.get_convention(convention)
     m = _validate.check_num_bins(num_bins)
     p = _validate.check_p(p)
     check_equal_mass(conv)

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 
 from calib_jax.metrics import (
     _adaptive,
-    _binning,
+    _binned_stats,
     _common,
+    _conventions,
     _kernels,
-    _stats,
     _validate,
 )
 
@@ -20,7 +20,7 @@ BINNINGS = ("equal_width", "equal_mass")
 
 
 def _options(num_bins, binning, convention):
-    conv = _binning.get_convention(convention)
+    conv = _conventions.get_convention(convention)
     m = _validate.check_num_bins(num_bins)
     _validate.check_choice("binning", binning, BINNINGS)
     if binning == "equal_mass":
@@ -43,16 +43,16 @@ def _top_label_core(
         else:
             conf, correct = _common.top_label(probs, labels)
         valid = _common.mask_or_ones(where, conf.shape[0])
-        bins = _binning.bin_index(conf, num_bins, convention)
-        slots = _binning.num_slots(convention, num_bins)
+        bins = _conventions.bin_index(conf, num_bins, convention)
+        slots = _conventions.num_slots(convention, num_bins)
         gaps = _kernels.gap_sums_top_label(conf, correct, bins, valid, slots)
         n = jnp.maximum(jnp.sum(valid.astype(jnp.int32)), 1).astype(gaps.dtype)
         out = jnp.sum(jnp.abs(gaps)) / n
     elif binning == "equal_width":
-        stats = _stats.stats_from_batch(
+        stats = _binned_stats.stats_from_batch(
             probs, labels, where, num_bins, convention, False
         )
-        out = _stats.stats_error(stats, p)
+        out = _binned_stats.stats_error(stats, p)
     else:
         out = _adaptive.equal_mass_error(
             probs, labels, where, num_bins, convention, p, screen
@@ -79,7 +79,7 @@ def ece(
     num_bins: int = 15,
     binning: str = "equal_width",
     p: float = 1,
-    convention: str | _binning.Convention = _binning.DEFAULT,
+    convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""Expected calibration error of the top-label confidence (binned).
@@ -147,7 +147,7 @@ def rmsce(
     *,
     num_bins: int = 15,
     binning: str = "equal_width",
-    convention: str | _binning.Convention = _binning.DEFAULT,
+    convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""Root-mean-square calibration error, ``ece(..., p=2)``.
@@ -180,7 +180,7 @@ def mce(
     *,
     num_bins: int = 15,
     binning: str = "equal_width",
-    convention: str | _binning.Convention = _binning.DEFAULT,
+    convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""Maximum calibration error: the largest gap over non-empty bins.
@@ -215,7 +215,7 @@ def mce(
 @functools.partial(jax.jit, static_argnums=(3, 4, 5))
 def _reliability_core(probs, labels, where, num_bins, binning, convention):
     if binning == "equal_width":
-        stats = _stats.stats_from_batch(
+        stats = _binned_stats.stats_from_batch(
             probs, labels, where, num_bins, convention, False
         )
         return stats.reliability()
@@ -240,7 +240,7 @@ def reliability_bins(
     *,
     num_bins: int = 15,
     binning: str = "equal_width",
-    convention: str | _binning.Convention = _binning.DEFAULT,
+    convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
 ) -> dict[str, jax.Array]:
     r"""Per-bin data of a reliability diagram.

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from calib_jax.metrics import _binning, _common, _kernels, _validate
-from calib_jax.metrics._binning import Convention
+from calib_jax.metrics import _common, _conventions, _kernels, _validate
+from calib_jax.metrics._conventions import Convention
 
 
 @struct.dataclass
@@ -58,7 +58,7 @@ class BinnedStats:
     total: jax.Array
     num_bins: int = struct.field(pytree_node=False, default=15)
     convention: Convention = struct.field(
-        pytree_node=False, default=_binning.PRESETS[_binning.DEFAULT]
+        pytree_node=False, default=_conventions.PRESETS[_conventions.DEFAULT]
     )
     classwise: bool = struct.field(pytree_node=False, default=False)
 
@@ -67,7 +67,7 @@ class BinnedStats:
         cls,
         num_bins: int = 15,
         *,
-        convention: str | Convention = _binning.DEFAULT,
+        convention: str | Convention = _conventions.DEFAULT,
         num_classes: int | None = None,
     ) -> BinnedStats:
         """All-zero statistics (the identity of :meth:`merge`).
@@ -77,9 +77,9 @@ class BinnedStats:
           convention: preset name or :class:`Convention`.
           num_classes: ``K`` for class-wise statistics, None for top-label.
         """
-        conv = _binning.get_convention(convention)
+        conv = _conventions.get_convention(convention)
         m = _validate.check_num_bins(num_bins)
-        shape = (_binning.num_slots(conv, m),)
+        shape = (_conventions.num_slots(conv, m),)
         if num_classes is not None:
             shape = (int(num_classes),) + shape
         zeros = jnp.zeros(shape, jnp.int32)
@@ -100,7 +100,7 @@ class BinnedStats:
         labels: jax.typing.ArrayLike,
         *,
         num_bins: int = 15,
-        convention: str | Convention = _binning.DEFAULT,
+        convention: str | Convention = _conventions.DEFAULT,
         classwise: bool = False,
         where: jax.typing.ArrayLike | None = None,
     ) -> BinnedStats:
@@ -122,7 +122,7 @@ class BinnedStats:
         Returns:
           A :class:`BinnedStats`.
         """
-        conv = _binning.get_convention(convention)
+        conv = _conventions.get_convention(convention)
         m = _validate.check_num_bins(num_bins)
         probs, labels, where = _validate.check_probs_labels(probs, labels, where)
         return _from_batch(probs, labels, where, m, conv, bool(classwise))
@@ -134,7 +134,7 @@ class BinnedStats:
         correct: jax.typing.ArrayLike,
         *,
         num_bins: int = 15,
-        convention: str | Convention = _binning.DEFAULT,
+        convention: str | Convention = _conventions.DEFAULT,
         where: jax.typing.ArrayLike | None = None,
     ) -> BinnedStats:
         """Top-label statistics from confidences ``[N]`` in [0, 1] and outcomes.
@@ -142,7 +142,7 @@ class BinnedStats:
         Use it for binary problems scored by one probability, or for any
         precomputed confidence. ``correct`` is bool or 0/1 ``[N]``.
         """
-        conv = _binning.get_convention(convention)
+        conv = _conventions.get_convention(convention)
         m = _validate.check_num_bins(num_bins)
         conf, where = _validate.check_scores(confidences, where, name="confidences")
         correct = jnp.asarray(correct)
@@ -204,7 +204,7 @@ class BinnedStats:
 
         Empty bins report 0 confidence and accuracy; mask them with ``count``.
         """
-        lower, upper = _binning.slot_edges(self.convention, self.num_bins)
+        lower, upper = _conventions.slot_edges(self.convention, self.num_bins)
         safe = jnp.maximum(self.count, 1).astype(jnp.float32)
         return {
             "count": self.count,
@@ -258,8 +258,8 @@ def stats_from_batch(probs, labels, where, num_bins, convention, classwise):
         )
     else:
         conf, correct = _common.top_label(probs, labels)
-        bins = _binning.bin_index(conf, num_bins, convention)
-        slots = _binning.num_slots(convention, num_bins)
+        bins = _conventions.bin_index(conf, num_bins, convention)
+        slots = _conventions.num_slots(convention, num_bins)
         count, sum_conf, n_correct = _kernels.accumulate_top_label(
             conf, correct, bins, valid, slots
         )
@@ -277,8 +277,8 @@ def stats_from_batch(probs, labels, where, num_bins, convention, classwise):
 def _from_confidences_impl(conf, correct, where, num_bins, convention):
     conf = _common.as_float(conf)
     valid = _common.mask_or_ones(where, conf.shape[0])
-    bins = _binning.bin_index(conf, num_bins, convention)
-    slots = _binning.num_slots(convention, num_bins)
+    bins = _conventions.bin_index(conf, num_bins, convention)
+    slots = _conventions.num_slots(convention, num_bins)
     count, sum_conf, n_correct = _kernels.accumulate_top_label(
         conf, correct, bins, valid, slots
     )

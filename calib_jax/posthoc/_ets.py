@@ -39,7 +39,7 @@ def apply_ets(params, logits: jax.typing.ArrayLike, *, form: str = "original"):
     terms and :math:`z` are order-preserving in :math:`z`).
 
     Args:
-      params: ``{'temperature': T, 'weights': w [3]}`` from :func:`fit_ets`.
+      params: ``{'temperature': T, 'weights': w [3]}`` from :func:`fit_ets_params`.
       logits: float ``[N, K]``.
       form: ``'original'`` or ``'logit'``.
 
@@ -85,7 +85,7 @@ def _apply_logit(params, logits):
     return logits * (w[0] / t + w[1]) + w[2] / k
 
 
-def fit_ets(
+def fit_ets_params(
     logits: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
     *,
@@ -136,7 +136,7 @@ def fit_ets(
       >>> import jax, jax.numpy as jnp
       >>> z = 3.0 * jax.random.normal(jax.random.key(0), (512, 4))
       >>> y = jax.random.categorical(jax.random.key(1), z / 3.0)
-      >>> params = fit_ets(z, y)
+      >>> params = fit_ets_params(z, y)
       >>> print(f"{float(params['weights'].sum()):.3f}")
       1.000
     """
@@ -145,7 +145,7 @@ def fit_ets(
     max_iter = _validate.check_positive_int("max_iter", max_iter)
     params = _fit(logits, labels, where, tol, form=form, max_iter=max_iter)
     _validate.warn_if_suspicious(
-        logits, labels, where, name="fit_ets", temperatures=params["temperature"]
+        logits, labels, where, name="fit_ets_params", temperatures=params["temperature"]
     )
     return params
 

@@ -182,9 +182,10 @@ def equal_mass_error(probs, labels, where, num_bins, convention, p, screen=False
     """Top-label binned error with the convention's equal-mass bins (traceable).
 
     From ``2**15`` rows on, the ``'rank'`` rule needs no sort: its bins come
-    from ``M - 1`` order statistics found by radix select (``_order_statistics.py``),
-    then one scatter-add (6x faster than the sort at 10**6 rows; below
-    ``2**15`` rows the sort is as fast). The interpolating rules sort.
+    from ``M - 1`` order statistics found by radix select
+    (``_order_statistics.py``), then one scatter-add (timings against the sort
+    in ``benchmarks/RESULTS.md``). The interpolating rules sort. Float64
+    reference: ``ece(..., binning='mass')`` in ``tests/_reference_metrics.py``.
 
     With ``screen``, returns ``(error, sums)``: also the row sums of the input
     check's value screen, from the same read of ``probs``

@@ -167,8 +167,8 @@ def sort_key(conf: jax.Array, flag: jax.Array, valid: jax.Array) -> jax.Array:
     """int32 keys ``2 * bits(conf) + flag`` that sort like ``conf`` (then flag).
 
     For ``0 <= conf < 2`` the float32 bit pattern is monotone and the key fits
-    in int32; excluded rows get the largest key. XLA:CPU sorts a single int32
-    array several times faster than float keys with a payload. Kernel family
+    in int32; excluded rows get the largest key (one int32 array to sort, no
+    payload; timings in ``benchmarks/RESULTS.md``). Kernel family
     ``'sort_keys'``; plain formulation :func:`sorted_by_confidence_plain`.
     """
     bits = lax.bitcast_convert_type(conf.astype(jnp.float32) + 0.0, jnp.int32)
@@ -197,7 +197,8 @@ def sorted_by_confidence(
 
     Kernel family ``'sort_keys'`` (:mod:`calib_jax.kernels`): one sort of the
     packed int32 keys of :func:`sort_key`; the plain formulation is
-    :func:`sorted_by_confidence_plain`.
+    :func:`sorted_by_confidence_plain`; float64 reference
+    ``equal_mass_members`` in ``tests/_reference_metrics.py`` (``np.argsort``).
     """
     return kernels.select(
         "sort_keys", _sorted_packed, sorted_by_confidence_plain, conf, flag, valid
@@ -219,7 +220,8 @@ def sortable_int(x: jax.Array) -> jax.Array:
     """int32 keys ordered like the (non-NaN) float32 values ``x``.
 
     Kernel family ``'sort_keys'`` (OOD metrics); the plain formulations sort
-    the floats (``_ood._ranks_plain``, ``_ood._accepted_plain``).
+    the floats (``_ood._ranks_plain``, ``_ood._accepted_plain``); float64
+    references ``ood_auroc``/``ood_aupr`` in ``tests/_reference_metrics.py``.
     """
     bits = lax.bitcast_convert_type(x.astype(jnp.float32) + 0.0, jnp.int32)
     return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)

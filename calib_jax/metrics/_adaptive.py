@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from calib_jax import kernels
+from calib_jax import _checks, kernels
 from calib_jax.metrics import (
     _common,
     _conventions,
@@ -268,7 +268,7 @@ def adaptive_ece(
       0.150
     """
     conv = _conventions.get_convention(convention)
-    m = _validate.check_num_bins(num_bins)
+    m = _checks.check_num_bins(num_bins)
     p = _validate.check_p(p)
     check_equal_mass(conv)
     probs, labels, where = _validate.check_probs_labels(

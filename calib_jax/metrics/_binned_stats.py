@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from calib_jax import _checks
 from calib_jax.metrics import _common, _conventions, _kernels, _validate
 from calib_jax.metrics._conventions import Convention
 
@@ -78,7 +79,7 @@ class BinnedStats:
           num_classes: ``K`` for class-wise statistics, None for top-label.
         """
         conv = _conventions.get_convention(convention)
-        m = _validate.check_num_bins(num_bins)
+        m = _checks.check_num_bins(num_bins)
         shape = (_conventions.num_slots(conv, m),)
         if num_classes is not None:
             shape = (int(num_classes),) + shape
@@ -123,7 +124,7 @@ class BinnedStats:
           A :class:`BinnedStats`.
         """
         conv = _conventions.get_convention(convention)
-        m = _validate.check_num_bins(num_bins)
+        m = _checks.check_num_bins(num_bins)
         probs, labels, where = _validate.check_probs_labels(probs, labels, where)
         return _from_batch(probs, labels, where, m, conv, bool(classwise))
 
@@ -143,18 +144,18 @@ class BinnedStats:
         precomputed confidence. ``correct`` is bool or 0/1 ``[N]``.
         """
         conv = _conventions.get_convention(convention)
-        m = _validate.check_num_bins(num_bins)
+        m = _checks.check_num_bins(num_bins)
         conf, where = _validate.check_scores(confidences, where, name="confidences")
         correct = jnp.asarray(correct)
         if correct.shape != conf.shape:
             raise ValueError(
                 f"correct must have shape {conf.shape}, got {correct.shape}."
             )
-        if _validate.is_concrete(conf) and (
+        if _checks.is_concrete(conf) and (
             float(jnp.min(conf)) < 0.0 or float(jnp.max(conf)) > 1.0
         ):
             raise ValueError("confidences must lie in [0, 1].")
-        if _validate.is_concrete(correct) and not bool(
+        if _checks.is_concrete(correct) and not bool(
             jnp.all((correct == 0) | (correct == 1))
         ):
             raise ValueError("correct must be bool or 0/1 per row.")

@@ -7,6 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from calib_jax import _checks
 from calib_jax.metrics import (
     _adaptive,
     _binned_stats,
@@ -75,8 +76,8 @@ def _classwise_core(probs, labels, where, num_bins, binning, convention, p, mode
 
 def _run(probs, labels, where, num_bins, binning, convention, p, mode):
     conv = _conventions.get_convention(convention)
-    m = _validate.check_num_bins(num_bins)
-    _validate.check_choice("binning", binning, BINNINGS)
+    m = _checks.check_num_bins(num_bins)
+    _checks.check_choice("binning", binning, BINNINGS)
     if binning == "equal_mass":
         _adaptive.check_equal_mass(conv)
     probs, labels, where = _validate.check_probs_labels(
@@ -265,8 +266,8 @@ def debiased_ece(
       0.000
     """
     conv = _conventions.get_convention(convention)
-    m = _validate.check_num_bins(num_bins)
-    _validate.check_choice("binning", binning, BINNINGS)
+    m = _checks.check_num_bins(num_bins)
+    _checks.check_choice("binning", binning, BINNINGS)
     if binning == "equal_mass":
         _adaptive.check_equal_mass(conv)
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)

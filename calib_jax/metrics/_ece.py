@@ -7,6 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from calib_jax import _checks
 from calib_jax.metrics import (
     _adaptive,
     _binned_stats,
@@ -21,8 +22,8 @@ BINNINGS = ("equal_width", "equal_mass")
 
 def _options(num_bins, binning, convention):
     conv = _conventions.get_convention(convention)
-    m = _validate.check_num_bins(num_bins)
-    _validate.check_choice("binning", binning, BINNINGS)
+    m = _checks.check_num_bins(num_bins)
+    _checks.check_choice("binning", binning, BINNINGS)
     if binning == "equal_mass":
         _adaptive.check_equal_mass(conv)
     return m, conv

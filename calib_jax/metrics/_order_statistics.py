@@ -81,7 +81,7 @@ def order_statistics(bits: jax.Array, valid: jax.Array, ranks: jax.Array) -> jax
         cum = jnp.cumsum(counts, axis=1)
         chosen = jax.vmap(lambda c, k: jnp.searchsorted(c, k, side="right"))(cum, local)
         chosen = jnp.minimum(chosen, size - 1).astype(jnp.int32)
-        pick = lambda a: jnp.take_along_axis(a, chosen[:, None], axis=1)[:, 0]
+        pick = lambda a: jnp.take_along_axis(a, chosen[:, None], axis=1)[:, 0]  # noqa: E731
         local = local - (pick(cum) - pick(counts))
         prefix = (prefix << width) | chosen.astype(jnp.uint32)
     return prefix

@@ -37,9 +37,6 @@ from calib_jax.metrics import _common
 
 SIMPLEX_ATOL = 1e-3
 
-is_concrete = _checks.is_concrete
-check_num_bins = _checks.check_num_bins
-check_choice = _checks.check_choice
 
 K_HINT = " (for one probability per row use [1 - p, p] or BinnedStats.from_confidences)"
 
@@ -82,7 +79,7 @@ def check_probs_labels(probs, labels, where=None, *, values: bool = True):
     probs, labels, where = _checks.check_scores_labels(
         probs, labels, where, name="probs", purpose="a metric", min_classes_hint=K_HINT
     )
-    if values and is_concrete(probs, labels, where):
+    if values and _checks.is_concrete(probs, labels, where):
         raise_for_summary(_summary_jit(probs, labels, where), probs, labels, where)
     return probs, labels, where
 
@@ -228,7 +225,7 @@ def evaluate(core, probs, labels, where, *static, screened: bool = False):
         returns ``(value, sums)``, the screen's row sums from its own read of
         ``probs`` (or None).
     """
-    if not is_concrete(probs, labels, where):
+    if not _checks.is_concrete(probs, labels, where):
         return core(probs, labels, where, *static)
     out, summary = _with_summary(core, probs, labels, where, static, screened)
     raise_for_summary(summary, probs, labels, where)
@@ -242,7 +239,7 @@ def check_scores(scores, where=None, *, name: str = "scores"):
     if scores.shape[0] == 0:
         raise ValueError(f"{name} is empty (N = 0).")
     where = _checks.check_where(where, scores.shape[0])
-    if is_concrete(scores, where):
+    if _checks.is_concrete(scores, where):
         bad, included = (int(v) for v in _score_summary(scores, where))
         if included == 0:
             raise ValueError(f"where excludes every row of {name}.")

@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from calib_jax import _checks
 from calib_jax.posthoc import _core, _pts, _validate
 from calib_jax.posthoc._calibrator import Method
 
@@ -287,7 +288,7 @@ def fit_classwise(
       Eqs. (3)–(8), Sec. 5.1, App. A.
     """
     logits, labels, where = _validate.check_inputs(logits, labels, where)
-    rounds = _validate.check_positive_int("rounds", rounds)
+    rounds = _checks.check_positive_int("rounds", rounds)
     fns = _compiled(method)
     z, labels, uniform = _core.canonical(logits, labels, where)
     k = z.shape[-1]

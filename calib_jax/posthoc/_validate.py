@@ -20,8 +20,6 @@ import numpy as np
 from calib_jax import _checks
 
 is_concrete = _checks.is_concrete
-check_choice = _checks.check_choice
-check_positive_int = _checks.check_positive_int
 
 
 def check_inputs(

@@ -31,15 +31,15 @@ from jax import lax
 from metrics import interleaved_medians, machine, make_data
 
 from calib_jax import metrics
-from calib_jax.metrics import _binning, _common
+from calib_jax.metrics import _common, _conventions
 
 N, K, M = 1_000_000, 10, 15
-CONV = _binning.get_convention("calib_jax")
+CONV = _conventions.get_convention("calib_jax")
 
 
 def _gap_and_bins(p, y):
     conf, correct = _common.top_label(p, y)
-    return conf - correct.astype(conf.dtype), _binning.bin_index(conf, M, CONV)
+    return conf - correct.astype(conf.dtype), _conventions.bin_index(conf, M, CONV)
 
 
 def _ece_of(sums):
@@ -66,7 +66,10 @@ def variadic_reduce(p, y):
     gap, bins = _gap_and_bins(p, y)
     ops = tuple(jnp.where(bins == b, gap, 0.0) for b in range(M))
     sums = lax.reduce(
-        ops, (jnp.float32(0),) * M, lambda a, c: tuple(x + z for x, z in zip(a, c)), (0,)
+        ops,
+        (jnp.float32(0),) * M,
+        lambda a, c: tuple(x + z for x, z in zip(a, c)),
+        (0,),
     )
     return _ece_of(jnp.stack(sums))
 
@@ -83,12 +86,15 @@ def four_row_windows(p, y):
     g4, b4 = gap.reshape(-1, 4), bins.reshape(-1, 4)
     idx = ((b4[:, 0] * M + b4[:, 1]) * M + b4[:, 2]) * M + b4[:, 3]
     dims = lax.ScatterDimensionNumbers(
-        update_window_dims=(1,), inserted_window_dims=(0,), scatter_dims_to_operand_dims=(0,)
+        update_window_dims=(1,),
+        inserted_window_dims=(0,),
+        scatter_dims_to_operand_dims=(0,),
     )
     acc = lax.scatter_add(jnp.zeros((M**4, 4), gap.dtype), idx[:, None], g4, dims)
     acc = acc.reshape(M, M, M, M, 4)
     sums = sum(
-        jnp.sum(acc[..., j], axis=tuple(a for a in range(4) if a != j)) for j in range(4)
+        jnp.sum(acc[..., j], axis=tuple(a for a in range(4) if a != j))
+        for j in range(4)
     )
     return _ece_of(sums)
 
@@ -104,7 +110,7 @@ def column_slices(p, y):
     key = functools.reduce(jnp.maximum, keys)
     conf = lax.bitcast_convert_type(key >> 2, jnp.float32)
     gap = conf - ((key & 3) == 1).astype(conf.dtype)
-    bins = _binning.bin_index(conf, M, CONV)
+    bins = _conventions.bin_index(conf, M, CONV)
     i = lax.iota(jnp.int32, N)
     blocks = -(-N // 2048)
     seg = ((i // 2048) * M + bins) * 8 + i % 8

@@ -48,7 +48,7 @@ from _timing import machine_line, write_section
 
 from calib_jax import kernels, losses
 from calib_jax.losses import _kernel_base
-from calib_jax.metrics import _adaptive, _binning, _common, _kernels, _ood
+from calib_jax.metrics import _adaptive, _common, _conventions, _kernels, _ood
 from calib_jax.posthoc import _blocked, _temperature
 
 TITLE = "Kernel portability (TPU ahead-of-time compile)"
@@ -56,7 +56,7 @@ TOPOLOGY = "v5e:2x2"
 INSTALL = "pip install 'calib-jax[tpu-aot]'"
 # Tuned bytes accessed above this multiple of the plain ones: plain off CPU.
 RATIO = 2.0
-CONVENTION = _binning.PRESETS["calib_jax"]
+CONVENTION = _conventions.PRESETS["calib_jax"]
 NUM_BINS = 15
 
 f32, i32, b1 = jnp.float32, jnp.int32, jnp.bool_

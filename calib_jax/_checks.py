@@ -149,8 +149,9 @@ def check_scores_labels(
     n, k = x.shape
     if labels.shape[0] != n:
         raise ValueError(
-            f"{name} has {n} rows but labels has {labels.shape[0]} entries: they "
-            f"disagree on the batch size ({name} {x.shape}, labels {labels.shape})."
+            f"labels must have shape [{rows}] = ({n},), got shape {labels.shape}: "
+            f"{name} has {n} rows but labels has {labels.shape[0]} entries (they "
+            "disagree on the batch size)."
         )
     if n == 0 and purpose:
         raise ValueError(

@@ -31,7 +31,7 @@ metric_top_label_blocks  ``metrics._common.top_label``, K > 32       16.2    pla
 sort_keys                ``metrics._common.sorted_by_confidence``    1.00    tuned    0.26    tuned
 metric_scatter           ``metrics._kernels.accumulate_top_label``   375     plain    0.24    tuned
 metric_classwise         ``metrics._kernels.accumulate_classwise``   145     plain    64.4    plain
-metric_radix_select      ``metrics._select.rank_bins``               0.63    tuned    0.66    tuned
+metric_radix_select      ``metrics._order_statistics.rank_bins``     0.63    tuned    0.66    tuned
 loss_rows                ``losses._kernel_base.row_stats``           0.95    tuned    0.31    tuned
 loss_true_vs_rest        ``losses._kernel_base.rest_parts``          1.54    tuned    1.04    tuned
 loss_dual_focal          ``losses._kernel_base.dual_parts``          0.98    tuned    1.01    tuned

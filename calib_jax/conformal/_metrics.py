@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from calib_jax import _checks
+from calib_jax.conformal import _scores
 from calib_jax.conformal._scores import check_alpha
 
 # The size strata of the RAPS paper's SSCV (inclusive bounds; None = no
@@ -36,22 +38,8 @@ def _check_sets(sets, labels=None, where=None):
         raise ValueError(f"sets must have shape [N, K], got shape {sets.shape}.")
     n = sets.shape[0]
     if labels is not None:
-        labels = jnp.asarray(labels)
-        if not jnp.issubdtype(labels.dtype, jnp.integer):
-            raise TypeError(
-                f"labels must be integer class ids, got dtype {labels.dtype}."
-            )
-        if labels.shape != (n,):
-            raise ValueError(
-                f"labels must have shape [N] = ({n},), got {labels.shape}."
-            )
-    if where is not None:
-        where = jnp.asarray(where)
-        if where.dtype != jnp.bool_:
-            raise TypeError(f"where must be a bool mask, got dtype {where.dtype}.")
-        if where.shape != (n,):
-            raise ValueError(f"where must have shape [N] = ({n},), got {where.shape}.")
-    return sets, labels, where
+        labels = _scores.check_labels(labels, n)
+    return sets, labels, _checks.check_where(where, n)
 
 
 def _weights(where, n):

@@ -32,7 +32,7 @@ def _scores_core(method, logits, labels, u, lam, *, k_reg):
     probs = _probs(logits)
     if method == "thr":
         return _scores.thr_score(probs, labels)
-    return _scores._raps_score_core(probs, labels, u, lam, k_reg=k_reg)
+    return _scores.raps_score_core(probs, labels, u, lam, k_reg=k_reg)
 
 
 @functools.partial(jax.jit, static_argnames=("method", "k_reg", "allow_empty"))
@@ -41,7 +41,7 @@ def _sets_core(method, logits, qhat, u, lam, *, k_reg, allow_empty):
     if method == "thr":
         sets = _scores.thr_sets(probs, qhat)
     else:
-        sets = _scores._raps_sets_core(probs, qhat, u, lam, k_reg=k_reg)
+        sets = _scores.raps_sets_core(probs, qhat, u, lam, k_reg=k_reg)
     if not allow_empty:
         # Empty sets get the top class (first arg-max): never less coverage.
         top = jax.nn.one_hot(jnp.argmax(probs, axis=-1), probs.shape[-1], dtype=bool)
@@ -156,7 +156,7 @@ class ConformalPredictor:
         ``scores(logits, labels, key)[i] <= qhat`` (with ``allow_empty``).
         """
         logits = self._check(logits, key)
-        labels = _scores._check_labels(labels, logits.shape[0])
+        labels = _scores.check_labels(labels, logits.shape[0])
         u = _uniforms(key, logits.shape[0], jnp.float32) if self.randomized else None
         return _scores_core(self.method, logits, labels, u, self.lam, k_reg=self.k_reg)
 
@@ -180,7 +180,7 @@ def fit_predictor(
     lam = jnp.asarray(lam, jnp.float32)
     scores = _scores_core(method, logits, labels, u, lam, k_reg=k_reg)
     return ConformalPredictor(
-        qhat=_scores._order_statistic(scores, rank=rank),
+        qhat=_scores.order_statistic(scores, rank=rank),
         lam=lam,
         method=method,
         k_reg=k_reg,

@@ -75,7 +75,7 @@ def fit_raps(
     default to 0.1 and 1, torch-uncertainty's defaults.
     """
     logits, labels = _checked(logits, labels, alpha)
-    k_reg = _scores._check_k_reg(k_reg)
+    k_reg = _scores.check_k_reg(k_reg)
     if not isinstance(lam, jax.core.Tracer):
         try:
             value = float(lam)

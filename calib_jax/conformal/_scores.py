@@ -58,28 +58,25 @@ from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
+
+from calib_jax import _checks
 
 
 def _as_float(x, name: str) -> jax.Array:
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{name} must be floating point, got dtype {x.dtype}.")
+    x = _checks.check_floating(x, name)
     return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 def _check_probs(probs) -> jax.Array:
     probs = _as_float(probs, "probs")
-    if probs.ndim != 2:
-        raise ValueError(f"probs must have shape [N, K], got shape {probs.shape}.")
+    _checks.check_rank(probs, "probs", "[N, K]")
     return probs
 
 
-def _check_labels(labels, n: int) -> jax.Array:
-    labels = jnp.asarray(labels)
-    if not jnp.issubdtype(labels.dtype, jnp.integer):
-        raise TypeError(f"labels must be integer class ids, got dtype {labels.dtype}.")
+def check_labels(labels, n: int) -> jax.Array:
+    """Int ``[n]`` class ids as a JAX array (TypeError/ValueError otherwise)."""
+    labels = _checks.check_labels_dtype(labels)
     if labels.shape != (n,):
         raise ValueError(f"labels must have shape [N] = ({n},), got {labels.shape}.")
     return labels
@@ -94,12 +91,9 @@ def _check_u(u, n: int, dtype) -> jax.Array | None:
     return u.astype(dtype)
 
 
-def _check_k_reg(k_reg) -> int:
-    if isinstance(k_reg, bool) or not isinstance(k_reg, (int, np.integer)):
-        raise TypeError(f"k_reg must be a Python int >= 0, got {k_reg!r}.")
-    if k_reg < 0:
-        raise ValueError(f"k_reg must be >= 0, got {k_reg}.")
-    return int(k_reg)
+def check_k_reg(k_reg) -> int:
+    """RAPS's ``k_reg`` as int; TypeError for a non-int, ValueError below 0."""
+    return _checks.check_int("k_reg", k_reg, minimum=0)
 
 
 # ---------------------------------------------------------------------------
@@ -134,7 +128,7 @@ def thr_score(probs: jax.typing.ArrayLike, labels: jax.typing.ArrayLike) -> jax.
       [0.3 0.7]
     """
     probs = _check_probs(probs)
-    labels = _check_labels(labels, probs.shape[0])
+    labels = check_labels(labels, probs.shape[0])
     return 1.0 - jnp.take_along_axis(probs, labels[:, None], axis=1)[:, 0]
 
 
@@ -258,14 +252,15 @@ def raps_score(
     """
     probs = _check_probs(probs)
     n = probs.shape[0]
-    labels = _check_labels(labels, n)
+    labels = check_labels(labels, n)
     u = _check_u(u, n, probs.dtype)
-    k_reg = _check_k_reg(k_reg)
-    return _raps_score_core(probs, labels, u, lam, k_reg=k_reg)
+    k_reg = check_k_reg(k_reg)
+    return raps_score_core(probs, labels, u, lam, k_reg=k_reg)
 
 
 @functools.partial(jax.jit, static_argnames="k_reg")
-def _raps_score_core(probs, labels, u, lam, *, k_reg):
+def raps_score_core(probs, labels, u, lam, *, k_reg):
+    """:func:`raps_score` on checked inputs (jitted, no checks)."""
     _, scores = _sorted_scores(probs, u, lam, k_reg)
     pos = _label_positions(probs, labels)
     return jnp.take_along_axis(scores, pos[:, None], axis=1)[:, 0]
@@ -303,12 +298,13 @@ def raps_sets(
     """
     probs = _check_probs(probs)
     u = _check_u(u, probs.shape[0], probs.dtype)
-    k_reg = _check_k_reg(k_reg)
-    return _raps_sets_core(probs, jnp.asarray(qhat), u, lam, k_reg=k_reg)
+    k_reg = check_k_reg(k_reg)
+    return raps_sets_core(probs, jnp.asarray(qhat), u, lam, k_reg=k_reg)
 
 
 @functools.partial(jax.jit, static_argnames="k_reg")
-def _raps_sets_core(probs, qhat, u, lam, *, k_reg):
+def raps_sets_core(probs, qhat, u, lam, *, k_reg):
+    """:func:`raps_sets` on checked inputs (jitted, no checks)."""
     desc, scores = _sorted_scores(probs, u, lam, k_reg)
     return _prefix_sets(probs, desc, scores, qhat.astype(probs.dtype))
 
@@ -465,9 +461,10 @@ def conformal_quantile(scores: jax.typing.ArrayLike, *, alpha: float) -> jax.Arr
     if scores.ndim != 1:
         raise ValueError(f"scores must have shape [n], got shape {scores.shape}.")
     rank = quantile_rank(scores.shape[0], alpha)
-    return _order_statistic(scores, rank=rank)
+    return order_statistic(scores, rank=rank)
 
 
 @functools.partial(jax.jit, static_argnames="rank")
-def _order_statistic(scores, *, rank):
+def order_statistic(scores, *, rank):
+    """The ``rank``-th smallest of ``scores`` (1-based; jitted)."""
     return jnp.sort(scores)[rank - 1]

@@ -249,7 +249,8 @@ class _NoVariantFolderNotice(logging.Filter):
         return not str(record.msg).startswith("Variant folder ")
 
 
-def _open_tfds(name: str, split: str, data_dir: str | None) -> Source:
+def open_tfds(name: str, split: str, data_dir: str | None) -> Source:
+    """The :class:`Source` of a prepared TFDS split (instructions if absent)."""
     import tensorflow_datasets as tfds  # ~0.5 s; only CIFAR needs it
 
     quiet = _NoVariantFolderNotice()
@@ -281,7 +282,7 @@ def _cifar_dataset(info: DatasetInfo, data_dir: str | None, val_size: int) -> Da
         tfds_splits["val"] = f"train[{n_train}:]"
     tfds_splits.update(test="test", train_full="train")
     name = info.name
-    _open_tfds(name, "test", data_dir)  # fail now, with instructions, if absent
+    open_tfds(name, "test", data_dir)  # fail now, with instructions, if absent
 
     return Dataset(
         name=name,
@@ -291,7 +292,7 @@ def _cifar_dataset(info: DatasetInfo, data_dir: str | None, val_size: int) -> Da
         mean=info.mean,
         std=info.std,
         image_dtype=info.image_dtype,
-        open_split=lambda split: _open_tfds(name, tfds_splits[split], data_dir),
+        open_split=lambda split: open_tfds(name, tfds_splits[split], data_dir),
         available_shifts=_JAX_SHIFTS,
     )
 
@@ -349,7 +350,7 @@ def _cifar10_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
         mean=info.mean,
         std=info.std,
         image_dtype=info.image_dtype,
-        open_split=lambda split: _open_tfds(
+        open_split=lambda split: open_tfds(
             f"cifar10_corrupted/{split}", "test", data_dir
         ),
         available_shifts=tuple(shifts),

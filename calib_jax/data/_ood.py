@@ -103,7 +103,7 @@ def _svhn_cropped(*, data_dir: str | None = None, split: str = "test") -> OodSet
         raise ValueError(
             f"Unknown split '{split}' of svhn_cropped. Valid splits: train, test, extra."
         )
-    source = _datasets._open_tfds("svhn_cropped", split, data_dir)
+    source = _datasets.open_tfds("svhn_cropped", split, data_dir)
     return OodSet("svhn_cropped", (32, 32, 3), "uint8", _Unlabelled(source))
 
 

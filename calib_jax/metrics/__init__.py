@@ -16,17 +16,17 @@ binning conventions and library presets are in :data:`PRESETS` (see
 """
 
 from calib_jax.metrics._adaptive import adaptive_ece
-from calib_jax.metrics._binned import ece, mce, reliability_bins, rmsce
-from calib_jax.metrics._binning import PRESETS, Convention, get_convention
-from calib_jax.metrics._binning_free import ks_error, sweep_ece
+from calib_jax.metrics._aurc import aurc, eaurc
+from calib_jax.metrics._binned_stats import BinnedStats
 from calib_jax.metrics._bootstrap import BootstrapResult, bootstrap, resample_indices
 from calib_jax.metrics._classwise import classwise_ece, debiased_ece, marginal_ece
+from calib_jax.metrics._conventions import PRESETS, Convention, get_convention
+from calib_jax.metrics._ece import ece, mce, reliability_bins, rmsce
+from calib_jax.metrics._ks_sweep import ks_error, sweep_ece
 from calib_jax.metrics._ood import fpr_at_95_tpr, ood_aupr, ood_auroc
 from calib_jax.metrics._proper import accuracy, brier, nll
 from calib_jax.metrics._risk_coverage import augrc, coverage_at_risk, risk_at_coverage
-from calib_jax.metrics._selective import aurc, eaurc
 from calib_jax.metrics._smooth import smooth_ece, smooth_reliability
-from calib_jax.metrics._stats import BinnedStats
 from calib_jax.metrics._summary import (
     SPLIT_METRICS,
     SUMMARY_METRICS,

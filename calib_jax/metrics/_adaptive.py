@@ -43,8 +43,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from calib_jax import kernels
-from calib_jax.metrics import _binning, _common, _kernels, _select, _validate
+from calib_jax import _checks, kernels
+from calib_jax.metrics import (
+    _common,
+    _conventions,
+    _kernels,
+    _order_statistics,
+    _validate,
+)
 
 
 def _first_of_tie(s: jax.Array) -> jax.Array:
@@ -138,7 +144,7 @@ def equal_mass_stats(conf, correct, valid, num_bins, rule):
     return count, sum_conf, sum_correct, n, lower, upper
 
 
-def check_equal_mass(convention: _binning.Convention) -> str:
+def check_equal_mass(convention: _conventions.Convention) -> str:
     """The convention's equal-mass rule; ValueError when the preset has none."""
     if convention.equal_mass is None:
         raise ValueError(
@@ -157,7 +163,7 @@ def _rank_stats_select(conf, correct, valid, *, num_bins):
     select (kernel family ``'metric_radix_select'``; plain:
     :func:`_rank_stats_sort`)."""
     conf = conf.astype(jnp.float32) + 0.0  # the values the sort path bins
-    bins = _select.rank_bins(conf, valid, num_bins)
+    bins = _order_statistics.rank_bins(conf, valid, num_bins)
     count, sum_conf, sum_correct = _kernels.accumulate_top_label(
         conf, correct, bins, valid, num_bins
     )
@@ -172,15 +178,23 @@ def _rank_stats_sort(conf, correct, valid, *, num_bins):
     return count, sum_conf.astype(jnp.float32), sum_correct, n
 
 
-def equal_mass_error(probs, labels, where, num_bins, convention, p):
+def equal_mass_error(probs, labels, where, num_bins, convention, p, screen=False):
     """Top-label binned error with the convention's equal-mass bins (traceable).
 
     From ``2**15`` rows on, the ``'rank'`` rule needs no sort: its bins come
-    from ``M - 1`` order statistics found by radix select (``_select.py``),
-    then one scatter-add (6x faster than the sort at 10**6 rows; below
-    ``2**15`` rows the sort is as fast). The interpolating rules sort.
+    from ``M - 1`` order statistics found by radix select
+    (``_order_statistics.py``), then one scatter-add (timings against the sort
+    in ``benchmarks/RESULTS.md``). The interpolating rules sort. Float64
+    reference: ``ece(..., binning='mass')`` in ``tests/_reference_metrics.py``.
+
+    With ``screen``, returns ``(error, sums)``: also the row sums of the input
+    check's value screen, from the same read of ``probs``
+    (:func:`_common.top_label`).
     """
-    conf, correct = _common.top_label(probs, labels)
+    if screen:
+        conf, correct, sums = _common.top_label(probs, labels, screen=True)
+    else:
+        conf, correct = _common.top_label(probs, labels)
     valid = _common.mask_or_ones(where, conf.shape[0])
     if convention.equal_mass == "rank" and conf.shape[0] >= SELECT_MIN_ROWS:
         count, sum_conf, sum_correct, n = kernels.select(
@@ -195,12 +209,13 @@ def equal_mass_error(probs, labels, where, num_bins, convention, p):
         count, sum_conf, sum_correct, n, _, _ = equal_mass_stats(
             conf, correct, valid, num_bins, convention.equal_mass
         )
-    return _common.binned_error(
+    out = _common.binned_error(
         count, sum_conf, sum_correct, n, p=p, min_count=convention.min_count
     )
+    return (out, sums) if screen else out
 
 
-_adaptive_core = jax.jit(equal_mass_error, static_argnums=(3, 4, 5))
+_adaptive_core = jax.jit(equal_mass_error, static_argnums=(3, 4, 5, 6))
 
 
 def adaptive_ece(
@@ -209,7 +224,7 @@ def adaptive_ece(
     *,
     num_bins: int = 15,
     p: float = 1,
-    convention: str | _binning.Convention = _binning.DEFAULT,
+    convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""Top-label ECE with equal-mass bins (adaptive ECE; sort-based).
@@ -252,9 +267,13 @@ def adaptive_ece(
       >>> print(f"{float(metrics.adaptive_ece(probs, labels, num_bins=2)):.3f}")
       0.150
     """
-    conv = _binning.get_convention(convention)
-    m = _validate.check_num_bins(num_bins)
+    conv = _conventions.get_convention(convention)
+    m = _checks.check_num_bins(num_bins)
     p = _validate.check_p(p)
     check_equal_mass(conv)
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
-    return _adaptive_core(probs, labels, where, m, conv, p)
+    probs, labels, where = _validate.check_probs_labels(
+        probs, labels, where, values=False
+    )
+    return _validate.evaluate(
+        _adaptive_core, probs, labels, where, m, conv, p, screened=True
+    )

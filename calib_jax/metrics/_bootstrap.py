@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from calib_jax import _checks
 from calib_jax.metrics import _common, _validate
 
 # Gathered float32 entries per block of resamples (2**24 entries = 64 MiB).
@@ -224,7 +225,7 @@ def bootstrap(
     conf = jnp.asarray(confidence, jnp.float32)
     if conf.ndim != 0:
         raise ValueError(f"confidence must be a scalar, got shape {conf.shape}.")
-    if _validate.is_concrete(conf) and not 0.0 < float(conf) < 1.0:
+    if _checks.is_concrete(conf) and not 0.0 < float(conf) < 1.0:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}.")
     key = _check_key(key)
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)

@@ -7,15 +7,16 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from calib_jax import _checks
 from calib_jax.metrics import (
     _adaptive,
-    _binning,
+    _binned_stats,
     _common,
+    _conventions,
     _kernels,
-    _stats,
     _validate,
 )
-from calib_jax.metrics._binned import BINNINGS
+from calib_jax.metrics._ece import BINNINGS
 
 
 def _per_class_equal_mass(probs, labels, valid, num_bins, rule):
@@ -34,7 +35,9 @@ def _per_class_equal_mass(probs, labels, valid, num_bins, rule):
 def _class_stats(probs, labels, where, num_bins, binning, convention):
     valid = _common.mask_or_ones(where, probs.shape[0])
     if binning == "equal_width":
-        s = _stats._from_batch_impl(probs, labels, where, num_bins, convention, True)
+        s = _binned_stats.stats_from_batch(
+            probs, labels, where, num_bins, convention, True
+        )
         return s.count, s.sum_conf, s.sum_correct, s.total
     return _per_class_equal_mass(probs, labels, valid, num_bins, convention.equal_mass)
 
@@ -65,20 +68,24 @@ def _classwise_core(probs, labels, where, num_bins, binning, convention, p, mode
         per_class = jnp.maximum(_debiased_square(count, sum_conf, sum_correct, n), 0.0)
         return jnp.sqrt(jnp.mean(per_class))
     if mode == "marginal":
-        convention = _binning.Convention(
+        convention = _conventions.Convention(
             name=convention.name, min_count=convention.min_count, l2_root="after_mean"
         )
-    return _stats.classwise_error(count, sum_conf, sum_correct, n, p, convention)
+    return _binned_stats.classwise_error(count, sum_conf, sum_correct, n, p, convention)
 
 
 def _run(probs, labels, where, num_bins, binning, convention, p, mode):
-    conv = _binning.get_convention(convention)
-    m = _validate.check_num_bins(num_bins)
-    _validate.check_choice("binning", binning, BINNINGS)
+    conv = _conventions.get_convention(convention)
+    m = _checks.check_num_bins(num_bins)
+    _checks.check_choice("binning", binning, BINNINGS)
     if binning == "equal_mass":
         _adaptive.check_equal_mass(conv)
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
-    return _classwise_core(probs, labels, where, m, binning, conv, p, mode)
+    probs, labels, where = _validate.check_probs_labels(
+        probs, labels, where, values=False
+    )
+    return _validate.evaluate(
+        _classwise_core, probs, labels, where, m, binning, conv, p, mode
+    )
 
 
 def classwise_ece(
@@ -88,7 +95,7 @@ def classwise_ece(
     num_bins: int = 15,
     binning: str = "equal_width",
     p: float = 1,
-    convention: str | _binning.Convention = _binning.DEFAULT,
+    convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""Class-wise ECE: the class average of per-class binned errors.
@@ -145,7 +152,7 @@ def marginal_ece(
     binning: str = "equal_mass",
     p: float = 2,
     debias: bool = False,
-    convention: str | _binning.Convention = _binning.DEFAULT,
+    convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""Marginal calibration error of Kumar et al. (2019), l2 by default.
@@ -199,8 +206,8 @@ def _debiased_core(probs, labels, where, num_bins, binning, convention):
     conf, correct = _common.top_label(probs, labels)
     valid = _common.mask_or_ones(where, conf.shape[0])
     if binning == "equal_width":
-        bins = _binning.bin_index(conf, num_bins, convention)
-        slots = _binning.num_slots(convention, num_bins)
+        bins = _conventions.bin_index(conf, num_bins, convention)
+        slots = _conventions.num_slots(convention, num_bins)
         count, sum_conf, sum_correct = _kernels.accumulate_top_label(
             conf, correct, bins, valid, slots
         )
@@ -219,7 +226,7 @@ def debiased_ece(
     *,
     num_bins: int = 15,
     binning: str = "equal_mass",
-    convention: str | _binning.Convention = _binning.DEFAULT,
+    convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""Debiased top-label l2 calibration error (Kumar et al. 2019).
@@ -258,9 +265,9 @@ def debiased_ece(
       >>> print(f"{float(metrics.debiased_ece(probs, labels, num_bins=2)):.3f}")
       0.000
     """
-    conv = _binning.get_convention(convention)
-    m = _validate.check_num_bins(num_bins)
-    _validate.check_choice("binning", binning, BINNINGS)
+    conv = _conventions.get_convention(convention)
+    m = _checks.check_num_bins(num_bins)
+    _checks.check_choice("binning", binning, BINNINGS)
     if binning == "equal_mass":
         _adaptive.check_equal_mass(conv)
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)

@@ -35,18 +35,47 @@ def _group_size(k: int) -> int | None:
     return None
 
 
-def _packed_max(probs, labels, offset):
-    """Row max of ``4 * bits(p) + 2 * [k < y] + [k == y]`` as uint32."""
+def _packed_keys(probs, labels, offset):
+    """``4 * bits(p) + 2 * [k < y] + [k == y]`` as uint32 ``[N, K]``."""
     bits = lax.bitcast_convert_type(probs, jnp.uint32)
     k = lax.broadcasted_iota(jnp.int32, probs.shape, 1)
     if offset is not None:
         k = k + offset[:, None]
     y = labels[:, None]
     flags = 2 * (k < y).astype(jnp.uint32) + (k == y).astype(jnp.uint32)
-    return jnp.max(bits * 4 + flags, axis=1)
+    return bits * 4 + flags
 
 
-def top_label(probs: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _packed_max(probs, labels, offset, screen=False):
+    """Row max of ``4 * bits(p) + 2 * [k < y] + [k == y]`` as uint32, and with
+    ``screen`` the row sums of :func:`screen_values` from the same reduction."""
+    key = _packed_keys(probs, labels, offset)
+    if not screen:
+        return jnp.max(key, axis=1)
+    zero_key, zero = jnp.zeros((), jnp.uint32), jnp.zeros((), probs.dtype)
+    return lax.reduce(
+        (key, screen_values(probs)),
+        (zero_key, zero),
+        lambda a, b: (jnp.maximum(a[0], b[0]), a[1] + b[1]),
+        (1,),
+    )
+
+
+def screen_values(probs: jax.Array) -> jax.Array:
+    """``p`` where ``p >= 0``; a negative ``p`` becomes ``p + 2|p| * 2**(e-1)``
+    (``2**(e-1)`` the largest power of two of the dtype), NaN stays NaN and
+    ``+inf`` becomes NaN.
+
+    A row of probabilities keeps its sum; a row with a NaN/inf or a negative
+    entry (down to about ``2**-137`` in float32) gets a sum far from 1. Plain
+    arithmetic, no select: it fuses into a row reduction on XLA:CPU where a
+    ``jnp.where`` does not vectorise.
+    """
+    big = jnp.asarray(2.0 ** (jnp.finfo(probs.dtype).maxexp - 1), probs.dtype)
+    return probs + (jnp.abs(probs) - probs) * big
+
+
+def top_label(probs: jax.Array, labels: jax.Array, *, screen: bool = False):
     r"""Top-label confidence and correctness in one pass over ``probs``.
 
     .. math::
@@ -69,9 +98,12 @@ def top_label(probs: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array
     Args:
       probs: float ``[N, K]`` with entries in [0, 1].
       labels: int ``[N]``.
+      screen: also return the row sums of :func:`screen_values` (the value
+        screen of the metrics' input check), from the same reduction.
 
     Returns:
-      ``(conf, correct)``: float ``[N]`` and bool ``[N]``.
+      ``(conf, correct)``: float ``[N]`` and bool ``[N]``; with ``screen``
+      ``(conf, correct, sums)``.
 
     Kernel families ``'metric_top_label'`` (``K <= 32``) and
     ``'metric_top_label_blocks'`` (wider rows) of :mod:`calib_jax.kernels`: the
@@ -82,31 +114,35 @@ def top_label(probs: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array
     labels = labels.astype(jnp.int32)
     k = probs.shape[1]
     group = _group_size(k) if probs.dtype == jnp.float32 else None
+    plain = functools.partial(top_label_plain, screen=screen)
     if group is None:
-        return top_label_plain(probs, labels)
+        return plain(probs, labels)
     # Two families: rows of at most 32 classes reduce directly, wider rows are
     # viewed as blocks of a divisor of K (a different memory layout).
     family = "metric_top_label" if group == k else "metric_top_label_blocks"
     return kernels.select(
         family,
-        functools.partial(_top_label_packed, group=group),
-        top_label_plain,
+        functools.partial(_top_label_packed, group=group, screen=screen),
+        plain,
         probs,
         labels,
     )
 
 
-def top_label_plain(probs: jax.Array, labels: jax.Array):
+def top_label_plain(probs: jax.Array, labels: jax.Array, *, screen: bool = False):
     """Plain formulation of :func:`top_label`: ``jnp.max`` and ``jnp.argmax``."""
     conf = jnp.max(probs, axis=1)
-    return conf, jnp.argmax(probs, axis=1).astype(jnp.int32) == labels
+    out = (conf, jnp.argmax(probs, axis=1).astype(jnp.int32) == labels)
+    if screen:
+        out = (*out, jnp.sum(screen_values(probs), axis=1))
+    return out
 
 
-def _top_label_packed(probs, labels, *, group):
+def _top_label_packed(probs, labels, *, group, screen=False):
     """The packed-key reduction of :func:`top_label` (float32, ``group | K``)."""
     n, k = probs.shape
     if group == k:
-        key = _packed_max(probs, labels, None)
+        key = _packed_max(probs, labels, None, screen)
     else:
         blocks = k // group
         sub = probs.reshape(n * blocks, group)
@@ -114,18 +150,25 @@ def _top_label_packed(probs, labels, *, group):
         shape = (n, blocks)
         offset = jnp.broadcast_to(jnp.arange(blocks, dtype=jnp.int32) * group, shape)
         sub_labels = jnp.broadcast_to(labels[:, None], shape)
-        key = _packed_max(sub, sub_labels.reshape(-1), offset.reshape(-1))
-        key = jnp.max(key.reshape(shape), axis=1)
+        key = _packed_max(sub, sub_labels.reshape(-1), offset.reshape(-1), screen)
+        if screen:
+            key = (key[0].reshape(shape), jnp.sum(key[1].reshape(shape), axis=1))
+            key = (jnp.max(key[0], axis=1), key[1])
+        else:
+            key = jnp.max(key.reshape(shape), axis=1)
+    if screen:
+        key, sums = key
     conf = lax.bitcast_convert_type(key >> 2, jnp.float32)
-    return conf, (key & 3) == 1
+    out = (conf, (key & 3) == 1)
+    return (*out, sums) if screen else out
 
 
 def sort_key(conf: jax.Array, flag: jax.Array, valid: jax.Array) -> jax.Array:
     """int32 keys ``2 * bits(conf) + flag`` that sort like ``conf`` (then flag).
 
     For ``0 <= conf < 2`` the float32 bit pattern is monotone and the key fits
-    in int32; excluded rows get the largest key. XLA:CPU sorts a single int32
-    array several times faster than float keys with a payload. Kernel family
+    in int32; excluded rows get the largest key (one int32 array to sort, no
+    payload; timings in ``benchmarks/RESULTS.md``). Kernel family
     ``'sort_keys'``; plain formulation :func:`sorted_by_confidence_plain`.
     """
     bits = lax.bitcast_convert_type(conf.astype(jnp.float32) + 0.0, jnp.int32)
@@ -154,7 +197,8 @@ def sorted_by_confidence(
 
     Kernel family ``'sort_keys'`` (:mod:`calib_jax.kernels`): one sort of the
     packed int32 keys of :func:`sort_key`; the plain formulation is
-    :func:`sorted_by_confidence_plain`.
+    :func:`sorted_by_confidence_plain`; float64 reference
+    ``equal_mass_members`` in ``tests/_reference_metrics.py`` (``np.argsort``).
     """
     return kernels.select(
         "sort_keys", _sorted_packed, sorted_by_confidence_plain, conf, flag, valid
@@ -176,7 +220,8 @@ def sortable_int(x: jax.Array) -> jax.Array:
     """int32 keys ordered like the (non-NaN) float32 values ``x``.
 
     Kernel family ``'sort_keys'`` (OOD metrics); the plain formulations sort
-    the floats (``_ood._ranks_plain``, ``_ood._accepted_plain``).
+    the floats (``_ood._ranks_plain``, ``_ood._accepted_plain``); float64
+    references ``ood_auroc``/``ood_aupr`` in ``tests/_reference_metrics.py``.
     """
     bits = lax.bitcast_convert_type(x.astype(jnp.float32) + 0.0, jnp.int32)
     return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)

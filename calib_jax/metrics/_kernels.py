@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import kernels
-from calib_jax.metrics import _binning, _common
+from calib_jax.metrics import _common, _conventions
 
 # Rows per accumulation block. A block's per-bin count and correct count are
 # packed into one float32 as count * 4096 + correct (exact below 2**24).
@@ -152,7 +152,9 @@ def _correct_counts(probs, labels, valid, num_bins, convention, slots):
     each row is 1, so one scatter of ``N`` ones."""
     k = probs.shape[1]
     lab = labels.astype(jnp.int32)
-    lab_bins = _binning.bin_index(_common.label_prob(probs, lab), num_bins, convention)
+    lab_bins = _conventions.bin_index(
+        _common.label_prob(probs, lab), num_bins, convention
+    )
     seg = jnp.where(valid & (lab_bins >= 0), lab * slots + lab_bins, k * slots)
     return jax.ops.segment_sum(jnp.ones(lab.shape, jnp.int32), seg, k * slots)
 
@@ -160,8 +162,8 @@ def _correct_counts(probs, labels, valid, num_bins, convention, slots):
 def accumulate_classwise_plain(probs, labels, valid, *, num_bins, convention):
     """Plain :func:`accumulate_classwise`: one ``.at[].add`` over ``[N, K]``."""
     k = probs.shape[1]
-    slots = _binning.num_slots(convention, num_bins)
-    bins = _binning.bin_index(probs, num_bins, convention)
+    slots = _conventions.num_slots(convention, num_bins)
+    bins = _conventions.bin_index(probs, num_bins, convention)
     cls = lax.broadcasted_iota(jnp.int32, probs.shape, 1)
     keep = valid[:, None] & (bins >= 0)
     seg = jnp.where(keep, cls * slots + bins, k * slots)
@@ -185,13 +187,13 @@ def _accumulate_classwise_blocked(probs, labels, valid, *, num_bins, convention)
     every bin scatter all bins instead.
     """
     n, k = probs.shape
-    slots = _binning.num_slots(convention, num_bins)
+    slots = _conventions.num_slots(convention, num_bins)
     rows = max(1, min(n, _CLASSWISE_BLOCK // k))
     derive_first = not (convention.side == "right" and convention.zero == "drop")
     lowest = 1 if derive_first else 0
 
     def block(p, v):
-        bins = _binning.bin_index(p, num_bins, convention)
+        bins = _conventions.bin_index(p, num_bins, convention)
         cls = lax.broadcasted_iota(jnp.int32, p.shape, 1)
         keep = v[:, None] & (bins >= lowest)
         seg = jnp.where(keep, cls * slots + bins, k * slots)

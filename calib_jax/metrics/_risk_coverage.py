@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax import _checks
 from calib_jax.metrics import _common, _validate
 
 # A selective risk within this of the target counts as meeting it (float32
@@ -276,7 +277,7 @@ def coverage_at_risk(
     r = jnp.asarray(risk)
     if r.ndim != 0:
         raise ValueError(f"risk must be a scalar in [0, 1], got shape {r.shape}.")
-    if _validate.is_concrete(r):
+    if _checks.is_concrete(r):
         _fraction("risk", float(r), allow_zero=True)
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)
     return _coverage_at_risk_core(probs, labels, where, r.astype(jnp.float32))

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from calib_jax import _checks
 from calib_jax.metrics import _common, _validate
 
 TARGETS = ("top_label", "binary")
@@ -65,7 +66,7 @@ _DENSITY_FLOOR = 1e-5
 
 
 def _check_options(target, num_points, k):
-    _validate.check_choice("target", target, TARGETS)
+    _checks.check_choice("target", target, TARGETS)
     if target == "binary" and k != 2:
         raise ValueError(
             f"target='binary' needs K = 2 classes (the probability of class 1); "
@@ -89,7 +90,7 @@ def _check_bandwidth(bandwidth):
         raise ValueError(f"bandwidth must be a scalar, got shape {bw.shape}.")
     if not jnp.issubdtype(bw.dtype, jnp.floating):
         bw = bw.astype(jnp.float32)
-    if _validate.is_concrete(bw):
+    if _checks.is_concrete(bw):
         value = float(bw)
         if not (math.isfinite(value) and value > 0.0):
             raise ValueError(

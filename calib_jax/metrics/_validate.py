@@ -1,4 +1,4 @@
-r"""Input checks of the public metric functions.
+r"""The metrics' extras to the checking contract of :mod:`calib_jax._checks`.
 
 Two layers:
 
@@ -9,6 +9,14 @@ Two layers:
   eager host code. Under ``jax.jit`` the inputs are tracers and the value
   checks are skipped: the jitted cores never inspect values, so the same
   function works in a traced training or eval step without host syncs.
+
+The value checks are fused: :func:`evaluate` runs one compiled program that
+computes the metric and :func:`probs_summary` together (one dispatch, the
+summary costs one row sum of ``probs``), then raises on the host. The
+summary is a *screen*: every included row whose entries are all ``>= 0`` and
+whose sum lies within ``tol`` of 1 passes it; when any row does not, the
+exact summary of the old two-pass check (:func:`explain`) runs to find the
+first problem and word the message, so the messages are unchanged.
 
 Logits are not accepted: a row must lie on the probability simplex, every
 entry in ``[0, 1 + tol]`` and the row summing to 1 within
@@ -24,33 +32,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from calib_jax import _checks
+from calib_jax.metrics import _common
+
 SIMPLEX_ATOL = 1e-3
 
 
-def is_concrete(*arrays) -> bool:
-    """True when no argument is a JAX tracer (so values can be inspected)."""
-    return not any(isinstance(a, jax.core.Tracer) for a in arrays if a is not None)
+K_HINT = " (for one probability per row use [1 - p, p] or BinnedStats.from_confidences)"
 
 
 def simplex_tolerance(dtype) -> float:
     """Allowed ``|row sum - 1|`` for probabilities of ``dtype``."""
     return max(SIMPLEX_ATOL, float(jnp.finfo(dtype).eps))
-
-
-def check_num_bins(num_bins) -> int:
-    """Returns ``num_bins`` as int; ValueError unless it is an int >= 1."""
-    if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)):
-        # ValueError (not TypeError) so every bad num_bins raises the same.
-        raise ValueError(f"num_bins must be a Python int >= 1, got {num_bins!r}.")  # noqa: TRY004
-    if num_bins < 1:
-        raise ValueError(f"num_bins must be >= 1, got {num_bins}.")
-    return int(num_bins)
-
-
-def check_choice(name: str, value, allowed) -> None:
-    """ValueError unless ``value`` is one of ``allowed``."""
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}.")
 
 
 def check_p(p, allowed=(1, 2)) -> float:
@@ -64,24 +57,16 @@ def check_p(p, allowed=(1, 2)) -> float:
     return value
 
 
-def _check_where(where, n: int):
-    if where is None:
-        return None
-    where = jnp.asarray(where)
-    if where.dtype != jnp.bool_:
-        raise TypeError(f"where must be a bool mask, got dtype {where.dtype}.")
-    if where.shape != (n,):
-        raise ValueError(f"where must have shape [N] = ({n},), got {where.shape}.")
-    return where
-
-
-def check_probs_labels(probs, labels, where=None):
+def check_probs_labels(probs, labels, where=None, *, values: bool = True):
     """Static and (when concrete) value checks of ``(probs, labels, where)``.
 
     Args:
       probs: float ``[N, K]`` probabilities (rows on the simplex).
       labels: int ``[N]`` class ids in ``[0, K)``.
       where: optional bool ``[N]``; ``False`` rows are excluded and not checked.
+      values: whether to check the values of concrete inputs here (a compiled
+        call of its own). :func:`evaluate` passes False: it computes the
+        summary inside the metric's own compiled call.
 
     Returns:
       ``(probs, labels, where)`` as JAX arrays (``where`` may stay None).
@@ -91,62 +76,73 @@ def check_probs_labels(probs, labels, where=None):
       ValueError: bad shapes, N = 0, K < 2, and for concrete inputs NaN/inf, rows off
         the simplex, labels out of range or a mask excluding every row.
     """
-    probs = jnp.asarray(probs)
-    labels = jnp.asarray(labels)
-    if not jnp.issubdtype(probs.dtype, jnp.floating):
-        raise TypeError(f"probs must be floating point, got dtype {probs.dtype}.")
-    if not jnp.issubdtype(labels.dtype, jnp.integer):
-        raise TypeError(f"labels must be integer class ids, got dtype {labels.dtype}.")
-    if probs.ndim != 2:
-        raise ValueError(f"probs must have shape [N, K], got shape {probs.shape}.")
-    if labels.ndim != 1 or labels.shape[0] != probs.shape[0]:
-        raise ValueError(
-            f"labels must have shape [N] = ({probs.shape[0]},), got {labels.shape}."
-        )
-    n, k = probs.shape
-    if n == 0:
-        raise ValueError("probs is empty (N = 0): a metric needs at least one sample.")
-    if k < 2:
-        raise ValueError(
-            f"probs has K = {k} class(es); calibration metrics need K >= 2 (for "
-            "one probability per row use [1 - p, p] or "
-            "BinnedStats.from_confidences)."
-        )
-    where = _check_where(where, n)
-    if is_concrete(probs, labels, where):
-        _check_values(probs, labels, where)
+    probs, labels, where = _checks.check_scores_labels(
+        probs, labels, where, name="probs", purpose="a metric", min_classes_hint=K_HINT
+    )
+    if values and _checks.is_concrete(probs, labels, where):
+        raise_for_summary(_summary_jit(probs, labels, where), probs, labels, where)
     return probs, labels, where
 
 
-def check_scores(scores, where=None, *, name: str = "scores"):
-    """Checks a float ``[N]`` score vector (finite, N > 0) and its mask."""
-    scores = jnp.asarray(scores)
-    if not jnp.issubdtype(scores.dtype, jnp.floating):
-        raise TypeError(f"{name} must be floating point, got dtype {scores.dtype}.")
-    if scores.ndim != 1:
-        raise ValueError(f"{name} must have shape [N], got shape {scores.shape}.")
-    if scores.shape[0] == 0:
-        raise ValueError(f"{name} is empty (N = 0).")
-    where = _check_where(where, scores.shape[0])
-    if is_concrete(scores, where):
-        bad, included = (int(v) for v in _score_summary(scores, where))
-        if included == 0:
-            raise ValueError(f"where excludes every row of {name}.")
-        if bad:
-            raise ValueError(f"{name} contains {bad} NaN/inf value(s).")
-    return scores, where
+def probs_summary(probs, labels, where, sums=None):
+    """The value screen of ``(probs, labels, where)`` (traceable, three scalars).
+
+    Returns ``(included, suspect, bad_labels)``: the number of included rows,
+    the number of included rows that fail the screen (an entry below 0, NaN
+    or inf, or a row sum off 1 by more than the tolerance minus a margin for
+    the order of summation) and the number of included labels outside
+    ``[0, K)``.
+
+    Args:
+      probs, labels, where: the checked inputs.
+      sums: the row sums of :func:`_common.screen_values` when the metric
+        computed them in its own read of ``probs`` (``top_label(...,
+        screen=True)``); otherwise one reduction computes them here.
+    """
+    n, k = probs.shape
+    valid = jnp.ones((n,), bool) if where is None else where
+    x = _common.as_float(probs)
+    tol = simplex_tolerance(probs.dtype)
+    screen = tol - min(2.0 * k * float(jnp.finfo(x.dtype).eps), 0.5 * tol)
+    if sums is None:
+        # The fused (key, sum) reduction of top_label, its row maxima used too
+        # (redundantly) so that the key stays in the reduction: a row sum of
+        # the screened values alone does not vectorise on XLA:CPU (10x slower).
+        conf, _, sums = _common.top_label(x, labels, screen=True)
+        sums = jnp.where(conf <= 1.0 + tol, sums, jnp.nan)
+    # An entry below 0, NaN or inf makes the row sum NaN or huge; an entry
+    # above 1 + tol makes it exceed 1 + tol (the others are >= 0).
+    ok = jnp.abs(sums - 1.0) <= screen
+    bad_label = valid & ((labels < 0) | (labels >= k))
+    return (
+        jnp.sum(valid.astype(jnp.int32)),
+        jnp.sum((valid & ~ok).astype(jnp.int32)),
+        jnp.sum(bad_label.astype(jnp.int32)),
+    )
 
 
-@jax.jit
-def _score_summary(scores, where):
-    valid = jnp.ones(scores.shape, bool) if where is None else where
-    bad = jnp.sum(valid & ~jnp.isfinite(scores))
-    return bad, jnp.sum(valid)
+_summary_jit = jax.jit(probs_summary)
+
+
+def raise_for_summary(summary, probs, labels, where) -> None:
+    """Raises the one-line ValueError that a :func:`probs_summary` calls for.
+
+    A row that failed the screen is explained by :func:`explain` (which may
+    find nothing: a ``-0.0`` entry or a row sum within the tolerance that the
+    screen's margin sent there).
+    """
+    included, suspect, bad_labels = (int(v) for v in jax.device_get(summary))
+    if included == 0:
+        raise ValueError(
+            "where excludes every row: a metric needs at least one sample."
+        )
+    if suspect or bad_labels:
+        explain(probs, labels, where)
 
 
 @functools.partial(jax.jit, static_argnames=("num_classes",))
-def _summary(probs, labels, where, num_classes):
-    """One fused pass: counts and extremes that the host turns into messages."""
+def _explain_summary(probs, labels, where, num_classes):
+    """The exact counts and extremes that :func:`explain` turns into messages."""
     valid = jnp.ones(labels.shape, bool) if where is None else where
     x = probs.astype(jnp.promote_types(probs.dtype, jnp.float32))
     finite_rows = jnp.all(jnp.isfinite(x), axis=1)
@@ -158,8 +154,8 @@ def _summary(probs, labels, where, num_classes):
     worst = jnp.argmax(err)
     bad_label = valid & ((labels < 0) | (labels >= num_classes))
     return (
-        jnp.sum(valid),
         nonfinite,
+        jnp.argmax(valid & ~finite_rows),
         low,
         high,
         err[worst],
@@ -170,16 +166,21 @@ def _summary(probs, labels, where, num_classes):
     )
 
 
-def _check_values(probs, labels, where) -> None:
+def explain(probs, labels, where) -> None:
+    """Raises the ValueError for the first problem of concrete inputs, if any.
+
+    The order: NaN/inf rows, entries outside ``[0, 1 + tol]``, rows off the
+    simplex, labels out of range.
+    """
     k = probs.shape[1]
-    out = jax.device_get(_summary(probs, labels, where, k))
-    included, nonfinite, low, high, err, worst, worst_sum, n_bad, first_bad = out
-    if int(included) == 0:
-        raise ValueError(
-            "where excludes every row: a metric needs at least one sample."
-        )
+    out = jax.device_get(_explain_summary(probs, labels, where, k))
+    nonfinite, first_nonfinite, low, high, err, worst, worst_sum, n_bad, first_bad = out
     if int(nonfinite):
-        raise ValueError(f"probs contains NaN or inf in {int(nonfinite)} row(s).")
+        raise ValueError(
+            _checks.nonfinite_message(
+                "probs", int(nonfinite), int(first_nonfinite), "metric"
+            )
+        )
     tol = simplex_tolerance(probs.dtype)
     hint = " If these are logits, pass jax.nn.softmax(logits, axis=-1)."
     if float(low) < 0.0 or float(high) > 1.0 + tol:
@@ -195,6 +196,60 @@ def _check_values(probs, labels, where) -> None:
     if int(n_bad):
         bad = int(np.asarray(labels)[int(first_bad)])
         raise ValueError(
-            f"labels must lie in [0, {k}); {int(n_bad)} label(s) out of range, "
-            f"e.g. labels[{int(first_bad)}] = {bad}."
+            _checks.label_message(k, bad, int(first_bad), int(n_bad), "metric")
         )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _with_summary(core, probs, labels, where, static, screened):
+    if screened:
+        out, sums = core(probs, labels, where, *static, True)
+    else:
+        out, sums = core(probs, labels, where, *static), None
+    return out, probs_summary(probs, labels, where, sums)
+
+
+def evaluate(core, probs, labels, where, *static, screened: bool = False):
+    """``core(probs, labels, where, *static)`` with the value checks fused in.
+
+    Concrete inputs run one compiled program, the metric and
+    :func:`probs_summary` together, then the host raises from the summary;
+    traced inputs (an outer ``jax.jit``) call ``core`` alone, unchecked.
+
+    Args:
+      core: the metric's jitted core (a module-level function; hashable).
+      probs, labels, where: checked by :func:`check_probs_labels` with
+        ``values=False``.
+      *static: the core's static arguments (hashable).
+      screened: whether ``core`` takes a last static ``screen`` flag and then
+        returns ``(value, sums)``, the screen's row sums from its own read of
+        ``probs`` (or None).
+    """
+    if not _checks.is_concrete(probs, labels, where):
+        return core(probs, labels, where, *static)
+    out, summary = _with_summary(core, probs, labels, where, static, screened)
+    raise_for_summary(summary, probs, labels, where)
+    return out
+
+
+def check_scores(scores, where=None, *, name: str = "scores"):
+    """Checks a float ``[N]`` score vector (finite, N > 0) and its mask."""
+    scores = _checks.check_floating(scores, name)
+    _checks.check_rank(scores, name, "[N]")
+    if scores.shape[0] == 0:
+        raise ValueError(f"{name} is empty (N = 0).")
+    where = _checks.check_where(where, scores.shape[0])
+    if _checks.is_concrete(scores, where):
+        bad, included = (int(v) for v in _score_summary(scores, where))
+        if included == 0:
+            raise ValueError(f"where excludes every row of {name}.")
+        if bad:
+            raise ValueError(f"{name} contains {bad} NaN/inf value(s).")
+    return scores, where
+
+
+@jax.jit
+def _score_summary(scores, where):
+    valid = jnp.ones(scores.shape, bool) if where is None else where
+    bad = jnp.sum(valid & ~jnp.isfinite(scores))
+    return bad, jnp.sum(valid)

@@ -21,7 +21,7 @@ from calib_jax.posthoc._classwise_scaling import (
 )
 from calib_jax.posthoc._cts import apply_cts, fit_cts
 from calib_jax.posthoc._dirichlet import apply_dirichlet, fit_dirichlet
-from calib_jax.posthoc._ets import apply_ets, fit_ets
+from calib_jax.posthoc._ets import apply_ets, fit_ets_params
 from calib_jax.posthoc._histogram import (
     apply_histogram_binning,
     fit_histogram_binning,
@@ -75,7 +75,7 @@ __all__ = [
     "fit_classwise",
     "fit_cts",
     "fit_dirichlet",
-    "fit_ets",
+    "fit_ets_params",
     "fit_histogram_binning",
     "fit_isotonic",
     "fit_matrix_scaling",

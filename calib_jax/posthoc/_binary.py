@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax import _checks
 from calib_jax.posthoc import _validate
 
 BINARY_ONLY = ("platt", "beta")
@@ -221,7 +222,7 @@ def fit_platt(
     """
     check_binary("platt", logits)
     logits, labels, where = _validate.check_inputs(logits, labels, where)
-    max_iter = _validate.check_positive_int("max_iter", max_iter)
+    max_iter = _checks.check_positive_int("max_iter", max_iter)
     params = _fit_platt(
         logits, labels, where, tol, max_iter=max_iter, smoothing=bool(target_smoothing)
     )
@@ -350,7 +351,7 @@ def fit_beta(
     """
     check_binary("beta", logits)
     logits, labels, where = _validate.check_inputs(logits, labels, where)
-    max_iter = _validate.check_positive_int("max_iter", max_iter)
+    max_iter = _checks.check_positive_int("max_iter", max_iter)
     params = _fit_beta(logits, labels, where, tol, max_iter=max_iter)
     _validate.warn_if_suspicious(logits, labels, where, name="beta")
     return params

@@ -61,7 +61,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from calib_jax.posthoc import _core, _validate
+from calib_jax import _checks
+from calib_jax.posthoc import _core, _pts, _validate
 from calib_jax.posthoc._calibrator import Method
 
 ALPHA0 = 1.0
@@ -287,15 +288,13 @@ def fit_classwise(
       Eqs. (3)–(8), Sec. 5.1, App. A.
     """
     logits, labels, where = _validate.check_inputs(logits, labels, where)
-    rounds = _validate.check_positive_int("rounds", rounds)
-    from calib_jax.posthoc._pts import _as_key
-
+    rounds = _checks.check_positive_int("rounds", rounds)
     fns = _compiled(method)
     z, labels, uniform = _core.canonical(logits, labels, where)
     k = z.shape[-1]
     present = np.asarray(_core.class_sizes(labels, uniform, k)) > 0
 
-    params = fns["init"](z, labels, uniform, _as_key(seed))
+    params = fns["init"](z, labels, uniform, _pts.as_key(seed))
     losses0 = np.asarray(fns["class_losses"](params, z, labels, uniform))
     params = fns["train"](params, z, labels, uniform, 1)
     losses1 = np.asarray(fns["class_losses"](params, z, labels, uniform))

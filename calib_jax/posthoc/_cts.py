@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from calib_jax import _checks
 from calib_jax.posthoc import _core, _validate
 from calib_jax.posthoc._calibrator import Method
 
@@ -93,7 +94,7 @@ def fit_cts(
       (3,)
     """
     logits, labels, where = _validate.check_inputs(logits, labels, where)
-    max_iter = _validate.check_positive_int("max_iter", max_iter)
+    max_iter = _checks.check_positive_int("max_iter", max_iter)
     params = _fit(logits, labels, where, tol, max_iter=max_iter)
     _validate.warn_if_suspicious(
         logits, labels, where, name="fit_cts", temperatures=params["temperatures"]

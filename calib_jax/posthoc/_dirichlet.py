@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from calib_jax import _checks
 from calib_jax.posthoc import _core, _validate
 
 
@@ -120,7 +121,7 @@ def fit_dirichlet(
       (3, 3)
     """
     logits, labels, where = _validate.check_inputs(logits, labels, where)
-    max_iter = _validate.check_positive_int("max_iter", max_iter)
+    max_iter = _checks.check_positive_int("max_iter", max_iter)
     off_diagonal = _validate.check_nonnegative("off_diagonal", off_diagonal)
     intercept = _validate.check_nonnegative("intercept", intercept)
     params = _fit(

@@ -8,6 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from calib_jax import _checks
 from calib_jax.posthoc import _blocked, _core, _temperature, _validate
 from calib_jax.posthoc._calibrator import Method
 
@@ -39,7 +40,7 @@ def apply_ets(params, logits: jax.typing.ArrayLike, *, form: str = "original"):
     terms and :math:`z` are order-preserving in :math:`z`).
 
     Args:
-      params: ``{'temperature': T, 'weights': w [3]}`` from :func:`fit_ets`.
+      params: ``{'temperature': T, 'weights': w [3]}`` from :func:`fit_ets_params`.
       logits: float ``[N, K]``.
       form: ``'original'`` or ``'logit'``.
 
@@ -60,7 +61,7 @@ def apply_ets(params, logits: jax.typing.ArrayLike, *, form: str = "original"):
       >>> print([f"{v:.3f}" for v in out[0]])
       ['-0.405', '-1.099']
     """
-    _validate.check_choice("form", form, FORMS)
+    _checks.check_choice("form", form, FORMS)
     logits = jnp.asarray(logits)
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     fn = _apply_original if form == "original" else _apply_logit
@@ -85,7 +86,7 @@ def _apply_logit(params, logits):
     return logits * (w[0] / t + w[1]) + w[2] / k
 
 
-def fit_ets(
+def fit_ets_params(
     logits: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
     *,
@@ -136,16 +137,16 @@ def fit_ets(
       >>> import jax, jax.numpy as jnp
       >>> z = 3.0 * jax.random.normal(jax.random.key(0), (512, 4))
       >>> y = jax.random.categorical(jax.random.key(1), z / 3.0)
-      >>> params = fit_ets(z, y)
+      >>> params = fit_ets_params(z, y)
       >>> print(f"{float(params['weights'].sum()):.3f}")
       1.000
     """
-    _validate.check_choice("form", form, FORMS)
+    _checks.check_choice("form", form, FORMS)
     logits, labels, where = _validate.check_inputs(logits, labels, where)
-    max_iter = _validate.check_positive_int("max_iter", max_iter)
+    max_iter = _checks.check_positive_int("max_iter", max_iter)
     params = _fit(logits, labels, where, tol, form=form, max_iter=max_iter)
     _validate.warn_if_suspicious(
-        logits, labels, where, name="fit_ets", temperatures=params["temperature"]
+        logits, labels, where, name="fit_ets_params", temperatures=params["temperature"]
     )
     return params
 
@@ -205,7 +206,7 @@ def _stage2_objective(z, labels, weights, u, form):
 
 def ets_method(*, form: str = "original", max_iter: int = 100, tol: float = 1e-6):
     """ETS (NLL) as a :class:`~calib_jax.posthoc._calibrator.Method`."""
-    _validate.check_choice("form", form, FORMS)
+    _checks.check_choice("form", form, FORMS)
 
     def init(logits, labels, weights, key):
         del labels, weights, key

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from calib_jax import _checks
 from calib_jax.posthoc import _reduction, _validate
 
 BINNINGS = ("equal_mass", "equal_width")
@@ -102,7 +103,7 @@ def apply_histogram_binning(
       >>> print(jnp.exp(out).round(3))
       [[0.8 0.2]]
     """
-    _validate.check_choice("variant", variant, _reduction.VARIANTS)
+    _checks.check_choice("variant", variant, _reduction.VARIANTS)
     logits = jnp.asarray(logits)
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     fn = apply_top_label if variant == "top_label" else apply_one_vs_rest
@@ -177,10 +178,10 @@ def fit_histogram_binning(
       >>> fit_histogram_binning(z, y, num_bins=10)["values"].shape
       (4, 10)
     """
-    _validate.check_choice("variant", variant, _reduction.VARIANTS)
-    _validate.check_choice("binning", binning, BINNINGS)
+    _checks.check_choice("variant", variant, _reduction.VARIANTS)
+    _checks.check_choice("binning", binning, BINNINGS)
     logits, labels, where = _validate.check_inputs(logits, labels, where, values=False)
-    num_bins = _validate.check_positive_int("num_bins", num_bins)
+    num_bins = _checks.check_positive_int("num_bins", num_bins)
     # The value check shares the scores' read of the logits; it raises once
     # the fit is dispatched, so the host waits for both at once.
     if variant == "top_label":
@@ -197,7 +198,7 @@ def fit_histogram_binning(
         num_bins=num_bins,
         binning=binning,
     )
-    if _validate.is_concrete(logits, labels, where):
+    if _checks.is_concrete(logits, labels, where):
         _validate.raise_for_values(summary, logits.shape)
     _validate.warn_if_suspicious(
         logits, labels, where, name="histogram_binning", accuracy=accuracy

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from calib_jax import _checks
 from calib_jax.posthoc import _reduction, _validate
 
 
@@ -72,7 +73,7 @@ def apply_isotonic(
       >>> print(jnp.exp(out).round(3))
       [[0.6 0.4]]
     """
-    _validate.check_choice("variant", variant, _reduction.VARIANTS)
+    _checks.check_choice("variant", variant, _reduction.VARIANTS)
     logits = jnp.asarray(logits)
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     fn = apply_top_label if variant == "top_label" else apply_one_vs_rest
@@ -151,9 +152,9 @@ def fit_isotonic(
       >>> bool((jnp.diff(params["y"], axis=1) >= 0).all())
       True
     """
-    _validate.check_choice("variant", variant, _reduction.VARIANTS)
+    _checks.check_choice("variant", variant, _reduction.VARIANTS)
     logits, labels, where = _validate.check_inputs(logits, labels, where, values=False)
-    if not _validate.is_concrete(logits, labels, where):
+    if not _checks.is_concrete(logits, labels, where):
         raise ValueError(
             "fit_isotonic runs on the host (its knots have no static shape): "
             "call it outside jax.jit/jax.vmap; apply_isotonic is jittable."

@@ -7,6 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from calib_jax import _checks
 from calib_jax.posthoc import _core, _validate
 
 KINDS = ("vector", "matrix")
@@ -167,7 +168,7 @@ def fit_matrix_scaling(
 
 def _public_fit(kind, logits, labels, where, max_iter, tol):
     logits, labels, where = _validate.check_inputs(logits, labels, where)
-    max_iter = _validate.check_positive_int("max_iter", max_iter)
+    max_iter = _checks.check_positive_int("max_iter", max_iter)
     params = _fit(logits, labels, where, tol, kind=kind, max_iter=max_iter)
     _validate.warn_if_suspicious(logits, labels, where, name=f"fit_{kind}_scaling")
     return params

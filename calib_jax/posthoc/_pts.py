@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from calib_jax import _checks
 from calib_jax.posthoc import _core, _temperature, _validate
 from calib_jax.posthoc._calibrator import Method
 
@@ -143,13 +144,13 @@ def fit_pts(
       >>> [w.shape for w, _ in fit_pts(z, y, steps=10)]
       [(4, 5), (5, 5), (5, 1)]
     """
-    _validate.check_choice("loss", loss, LOSSES)
+    _checks.check_choice("loss", loss, LOSSES)
     logits, labels, where = _validate.check_inputs(logits, labels, where)
-    top_k = min(_validate.check_positive_int("top_k", top_k), logits.shape[1])
-    hidden = tuple(_validate.check_positive_int("hidden", h) for h in hidden)
-    steps = _validate.check_positive_int("steps", steps)
+    top_k = min(_checks.check_positive_int("top_k", top_k), logits.shape[1])
+    hidden = tuple(_checks.check_positive_int("hidden", h) for h in hidden)
+    steps = _checks.check_positive_int("steps", steps)
     _validate.check_nonnegative("weight_decay", weight_decay)
-    key = _as_key(seed)
+    key = as_key(seed)
     params = _fit(
         logits,
         labels,
@@ -166,7 +167,8 @@ def fit_pts(
     return params
 
 
-def _as_key(seed):
+def as_key(seed):
+    """A PRNG key from an int seed, an integer array or a key (returned as is)."""
     if isinstance(seed, (int,)) and not isinstance(seed, bool):
         return jax.random.key(seed)
     seed = jnp.asarray(seed)

@@ -177,7 +177,7 @@ def grouped_order_statistics(
     """The ``ranks[g, r]``-th smallest ``bits`` among the rows of group ``g``.
 
     A most-significant-digit-first radix select, as
-    :func:`calib_jax.metrics._select.order_statistics`, for ``G`` groups at
+    :func:`calib_jax.metrics._order_statistics.order_statistics`, for ``G`` groups at
     once: every pass histograms one digit of each row into the slot of its
     group and the wanted ranks whose higher digits it matches (ranks sharing
     those digits share a slot), then picks each rank's digit from the

@@ -47,8 +47,8 @@ def fit_ts(logits, labels, *, where=None, objective: str = "nll", **kwargs):
 
 
 def fit_ets(logits, labels, *, where=None, form: str = "original", **kwargs):
-    """Ensemble temperature scaling; see :func:`calib_jax.posthoc.fit_ets`."""
-    params = _ets.fit_ets(logits, labels, where=where, form=form, **kwargs)
+    """Ensemble temperature scaling; see :func:`calib_jax.posthoc.fit_ets_params`."""
+    params = _ets.fit_ets_params(logits, labels, where=where, form=form, **kwargs)
     name = "ets" if form == "original" else f"ets({form})"
     return Calibrator(params=params, name=name, apply_fn=_ets.apply_fn(form))
 
@@ -327,7 +327,9 @@ def fit(
     fitter = get_calibrator(name)
     if name in BINARY_ONLY:
         _binary.check_binary(name, logits)
-    _validate.check_inputs(logits, labels, where)
+    # Values are checked by the fitter (inside its own compiled call where it
+    # can): here only shapes and dtypes, before the options.
+    _validate.check_inputs(logits, labels, where, values=False)
     _check_options(name, kwargs)
     try:
         with _validate.quiet_fit_warnings():

@@ -17,7 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from calib_jax import kernels
+from calib_jax import _checks, kernels
 from calib_jax.posthoc import _blocked, _core, _validate
 
 OBJECTIVES = ("nll", "sb_ece", "hb_ece", "ece_grid")
@@ -208,8 +208,21 @@ def fit_temperature(
       >>> print(f"{float(fit_temperature(z, y)):.2f}")
       3.46
     """
-    _validate.check_choice("objective", objective, OBJECTIVES)
-    logits, labels, where = _validate.check_inputs(logits, labels, where)
+    _checks.check_choice("objective", objective, OBJECTIVES)
+    fused = objective == "nll" and _checks.is_concrete(logits, labels, where)
+    logits, labels, where = _validate.check_inputs(
+        logits, labels, where, values=not fused
+    )
+    if fused:
+        # One compiled call: the fit and the value summary of its inputs.
+        max_iter = _checks.check_positive_int("max_iter", max_iter)
+        _checks.check_positive_int("num_bins", num_bins)
+        t, summary = _fit_nll_checked(logits, labels, where, tol, max_iter=max_iter)
+        _validate.raise_for_screen(summary, logits, labels, where)
+        _validate.warn_if_suspicious(
+            logits, labels, where, name="fit_temperature", temperatures=t
+        )
+        return t
     t = _dispatch(
         logits,
         labels,
@@ -249,15 +262,15 @@ def _dispatch(
     levels,
     convention,
 ):
-    max_iter = _validate.check_positive_int("max_iter", max_iter)
-    num_bins = _validate.check_positive_int("num_bins", num_bins)
+    max_iter = _checks.check_positive_int("max_iter", max_iter)
+    num_bins = _checks.check_positive_int("num_bins", num_bins)
     if objective == "nll":
         return _fit_nll(logits, labels, where, tol, max_iter=max_iter)
     if objective == "sb_ece":
-        _validate.check_choice("sb_kind", sb_kind, ("lb", "bin"))
-        if _validate.is_concrete(sb_temperature) and not float(sb_temperature) > 0:
+        _checks.check_choice("sb_kind", sb_kind, ("lb", "bin"))
+        if _checks.is_concrete(sb_temperature) and not float(sb_temperature) > 0:
             raise ValueError(f"sb_temperature must be > 0, got {sb_temperature}.")
-        if p is not None and _validate.is_concrete(p) and not float(p) >= 1:
+        if p is not None and _checks.is_concrete(p) and not float(p) >= 1:
             raise ValueError(f"p must be >= 1, got {p}.")
         return _fit_sb_ece(
             logits,
@@ -272,15 +285,15 @@ def _dispatch(
         )
     defaults = _HARD_DEFAULTS[objective]
     p = defaults["p"] if p is None else p
-    _validate.check_choice("p", p, (1, 2))
+    _checks.check_choice("p", p, (1, 2))
     conv = defaults["convention"] if convention is None else convention
     if objective == "ece_grid":
         grid = tuple(k / 10.0 for k in range(1, 101))
         return _fit_hard_grid(
             logits, labels, where, grid=grid, num_bins=num_bins, p=p, convention=conv
         )
-    grid_size = _validate.check_positive_int("grid_size", grid_size)
-    levels = _validate.check_positive_int("levels", levels)
+    grid_size = _checks.check_positive_int("grid_size", grid_size)
+    levels = _checks.check_positive_int("levels", levels)
     if grid_size < 3:
         raise ValueError(f"grid_size must be >= 3, got {grid_size}.")
     lo, hi = (float(v) for v in search_range)
@@ -376,6 +389,13 @@ def _fit_nll(logits, labels, where, tol, *, max_iter):
     z, labels, w = _core.canonical(logits, labels, where)
     u = fit_log_t_nll(z, labels, w, jnp.zeros((), z.dtype), max_iter=max_iter, tol=tol)
     return jnp.exp(u).astype(jnp.float32)
+
+
+@jax.jit
+def _fit_nll_checked(logits, labels, where, tol, *, max_iter):
+    """:func:`_fit_nll` and :func:`_validate.screen_summary` in one program."""
+    t = _fit_nll(logits, labels, where, tol, max_iter=max_iter)
+    return t, _validate.screen_summary(logits, labels, where)
 
 
 # ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Host-side input checks of the post-hoc entry points.
+"""The post-hoc extras to the checking contract of :mod:`calib_jax._checks`.
 
 Static checks (ranks, shapes, dtypes, ``N >= 1``, ``K >= 2``) run on every
 call, also while tracing under ``jax.jit``/``jax.vmap``. Value checks (NaN/inf
@@ -17,10 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from calib_jax import _checks
 
-def is_concrete(*arrays) -> bool:
-    """True when no argument is a JAX tracer."""
-    return not any(isinstance(a, jax.core.Tracer) for a in arrays if a is not None)
+is_concrete = _checks.is_concrete
 
 
 def check_inputs(
@@ -48,68 +47,19 @@ def check_inputs(
         for concrete inputs, NaN/inf logits, labels out of range or a mask
         excluding every row.
     """
-    logits = jnp.asarray(logits)
-    labels = jnp.asarray(labels)
-    if not jnp.issubdtype(logits.dtype, jnp.floating):
-        raise TypeError(f"{name} must be floating point, got dtype {logits.dtype}.")
-    if not jnp.issubdtype(labels.dtype, jnp.integer):
-        raise TypeError(f"labels must be integer class ids, got dtype {labels.dtype}.")
-    if logits.ndim != 2:
-        raise ValueError(f"{name} must have shape [N, K], got shape {logits.shape}.")
-    if labels.ndim != 1:
-        raise ValueError(f"labels must have shape [N], got shape {labels.shape}.")
-    n, k = logits.shape
-    if labels.shape[0] != n:
-        raise ValueError(
-            f"{name} has {n} rows but labels has {labels.shape[0]} entries."
-        )
-    if n == 0:
-        raise ValueError(f"{name} is empty (N = 0): fitting needs at least one sample.")
-    if k < 2:
-        raise ValueError(f"{name} has K = {k} class(es): calibration needs K >= 2.")
-    if where is not None:
-        where = jnp.asarray(where)
-        if where.dtype != jnp.bool_:
-            raise TypeError(f"where must be a bool mask, got dtype {where.dtype}.")
-        if where.shape != (n,):
-            raise ValueError(f"where must have shape [N] = ({n},), got {where.shape}.")
-    if values and is_concrete(logits, labels, where):
-        _check_values(logits, labels, where, name)
+    logits, labels, where = _checks.check_scores_labels(
+        logits, labels, where, name=name, purpose="fitting"
+    )
+    if values:
+        _checks.check_values(logits, labels, where, name=name, family="fit")
     return logits, labels, where
 
 
 def value_summary(logits, labels, where):
-    """Counts and first rows of the bad values, traceable: computed inside a
-    fitter's own compiled call, it shares that call's read of the logits.
-
-    Args:
-      logits: float ``[N, K]``.
-      labels: int ``[N]``.
-      where: bool ``[N]`` or None (every row).
-
-    Returns:
-      A tuple of scalars for :func:`raise_for_values`.
-    """
-    keep = jnp.ones(labels.shape, bool) if where is None else where
-    k = logits.shape[1]
-    bad = keep & ~jnp.all(jnp.isfinite(logits), axis=1)
-    out = keep & ((labels < 0) | (labels >= k))
-    first_out = jnp.argmax(out)
-    return (
-        jnp.any(keep),
-        jnp.sum(bad),
-        jnp.argmax(bad),
-        jnp.sum(out),
-        first_out,
-        labels[first_out],
-    )
-
-
-_value_summary = jax.jit(value_summary)
-
-
-def _check_values(logits, labels, where, name):
-    raise_for_values(_value_summary(logits, labels, where), logits.shape, name=name)
+    """:func:`calib_jax._checks.value_summary` of a fitter's inputs (traceable):
+    computed inside the fitter's own compiled call, it shares that call's read
+    of the logits."""
+    return _checks.value_summary(logits, labels, where)
 
 
 def raise_for_values(summary, shape, *, name: str = "logits") -> None:
@@ -120,22 +70,32 @@ def raise_for_values(summary, shape, *, name: str = "logits") -> None:
       shape: the logits' shape ``(N, K)``.
       name: how the logits are called in the message.
     """
-    any_keep, n_bad, first_bad, n_out, first_out, label = (
-        int(v) for v in jax.device_get(summary)
+    _checks.raise_for_values(summary, shape[1], name=name, family="fit")
+
+
+def screen_summary(logits, labels, where):
+    """:func:`value_summary` with rows screened by their sum (traceable).
+
+    A row with NaN/inf has a non-finite sum; so may a finite row of huge
+    logits (beyond ``float max / K``), which :func:`raise_for_screen` then
+    re-checks exactly. A plain row sum runs at memory speed on XLA:CPU where
+    ``all(isfinite(x), axis=1)`` does not.
+    """
+    x = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    return _checks.value_summary(
+        logits, labels, where, row_finite=jnp.isfinite(jnp.sum(x, axis=1))
     )
-    if not any_keep:
-        raise ValueError("where excludes every row: fitting needs at least one sample.")
-    if n_bad:
-        raise ValueError(
-            f"{name} contain NaN/inf values in {n_bad} row(s) (first at row "
-            f"{first_bad})."
-        )
-    if n_out:
-        k = shape[1]
-        raise ValueError(
-            f"labels must lie in [0, K) = [0, {k}); found {label} at row "
-            f"{first_out} ({n_out} out of range)."
-        )
+
+
+def raise_for_screen(summary, logits, labels, where, *, name: str = "logits"):
+    """Raises for a :func:`screen_summary`; rows it flags as NaN/inf are
+    checked exactly first (a row of huge finite logits is fine)."""
+    if not is_concrete(*summary):
+        return
+    if int(summary.nonfinite) and int(summary.included):
+        _checks.check_values(logits, labels, where, name=name, family="fit")
+        summary = summary._replace(nonfinite=jnp.zeros((), jnp.int32))
+    _checks.raise_for_values(summary, logits.shape[1], name=name, family="fit")
 
 
 def check_temperature(t, *, name: str = "temperature"):
@@ -153,29 +113,11 @@ def check_temperature(t, *, name: str = "temperature"):
     return t
 
 
-def check_positive_int(name: str, value) -> int:
-    """Returns ``value`` as int; ValueError unless it is an int >= 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be a Python int >= 1, got {value!r}.")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}.")
-    return int(value)
-
-
-def check_choice(name: str, value, allowed) -> None:
-    """ValueError unless ``value`` is one of ``allowed``."""
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}.")
-
-
-def check_nonnegative(name: str, value) -> float:
-    """Returns a concrete ``value >= 0`` as float (tracers pass through)."""
-    if isinstance(value, jax.core.Tracer):
-        return value
-    v = float(value)
-    if not v >= 0:
-        raise ValueError(f"{name} must be >= 0, got {v}.")
-    return v
+def check_nonnegative(name: str, value):
+    """A concrete ``value >= 0`` as float (tracers pass through unchanged)."""
+    _checks.check_nonnegative(name, value)
+    v = _checks.concrete_float(value)
+    return value if v is None else v
 
 
 # ---------------------------------------------------------------------------

@@ -170,7 +170,7 @@ def test_quantile_rank_is_exact(n, alpha, rank):
     assert conformal.quantile_rank(n, alpha) == rank == ref.rank(n, alpha)
 
 
-def test_conformal_quantile_is_the_order_statistic():
+def test_conformal_quantile_is_theorder_statistic():
     rng = np.random.default_rng(0)
     for n in (9, 10, 57, 1000):
         s = rng.normal(size=n).astype(np.float32)

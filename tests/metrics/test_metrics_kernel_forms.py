@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from metrics._cases import padded, softmax_case, tie_case, with_max_ties
-from metrics.test_metrics_select import _sorted_cut_bins
+from metrics.test_order_statistics import _sorted_cut_bins
 
 from calib_jax import kernels, metrics
 from calib_jax.metrics import _adaptive

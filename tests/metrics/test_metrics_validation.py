@@ -92,3 +92,58 @@ def test_value_checks_are_skipped_under_jit():
     logits = np.log(PROBS) * 3.0
     value = jax.jit(lambda p, y: metrics.ece(p, y))(logits, LABELS)
     assert value.shape == ()
+
+
+# The value screen fused into the metric's own compiled call.
+
+SCREENED = ("ece", "rmsce", "adaptive_ece", "classwise_ece")
+
+
+@pytest.mark.parametrize("k", [3, 40, 37])  # packed rows, packed blocks, plain
+@pytest.mark.parametrize("name", SCREENED)
+def test_fused_eager_call_is_bit_identical_to_the_jitted_metric(name, k):
+    probs, labels = softmax_case(n=700, k=k, seed=5)
+    where = np.arange(700) % 7 != 3
+    fn = metrics.get_metric(name)
+    for w in (None, where):
+        eager = np.asarray(fn(probs, labels, where=w))
+        jitted = np.asarray(
+            jax.jit(lambda p, y, w: fn(p, y, where=w))(probs, labels, w)
+        )
+        assert eager.tobytes() == jitted.tobytes(), (name, k, w is None)
+
+
+@pytest.mark.parametrize("k", [3, 40])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (-1e-30, r"found values in \[-1e-30"),  # tiny negative: still rejected
+        (-0.25, "probabilities in"),
+        (np.nan, r"NaN or inf in 1 row\(s\) \(first: row 6\)"),
+        (-np.inf, r"NaN or inf in 1 row\(s\) \(first: row 6\)"),
+        (1.5, "probabilities in"),
+    ],
+)
+def test_fused_screen_rejects_every_bad_entry(k, value, message):
+    probs, labels = softmax_case(n=64, k=k, seed=9)
+    probs = np.array(probs, np.float32)
+    probs[6, 1] = value
+    for name in ("ece", "adaptive_ece", "classwise_ece"):
+        with pytest.raises(ValueError, match=message):
+            metrics.get_metric(name)(probs, labels)
+    # Excluded, the same row is fine.
+    keep = np.arange(64) != 6
+    got = metrics.ece(probs, labels, where=keep)
+    want = float(metrics.ece(probs[keep], labels[keep]))
+    assert float(got) == pytest.approx(want, rel=1e-6)
+
+
+def test_fused_screen_passes_negative_zero_and_rows_at_the_tolerance():
+    probs, labels = softmax_case(n=64, k=40, seed=9)
+    probs = np.array(probs, np.float32)
+    probs[2, 5] = -0.0  # read as 0 by the old check too
+    probs[3] *= np.float32(1.0009)  # within the 1e-3 tolerance, past the screen
+    assert np.isfinite(float(metrics.ece(probs, labels)))
+    probs[3] *= np.float32(1.001)
+    with pytest.raises(ValueError, match="row 3 sums to 1.001"):
+        metrics.ece(probs, labels)

@@ -45,7 +45,7 @@ def test_cts_vector_matrix_dirichlet_can_change_the_argmax():
 
 def test_ets_original_matches_slsqp_reference(data):
     z, y, _, _ = data
-    params = posthoc.fit_ets(z, y)
+    params = posthoc.fit_ets_params(z, y)
     t = float(params["temperature"])
     np.testing.assert_allclose(t, ref.ts_nll_optimum_scipy(z, y), rtol=1e-4)
     w = np.asarray(params["weights"], np.float64)
@@ -62,7 +62,7 @@ def test_ets_original_matches_slsqp_reference(data):
 
 def test_ets_logit_form_is_ts_with_effective_temperature(data):
     z, y, _, _ = data
-    params = posthoc.fit_ets(z, y, form="logit")
+    params = posthoc.fit_ets_params(z, y, form="logit")
     w, t = np.asarray(params["weights"]), float(params["temperature"])
     t_eff = 1.0 / (w[0] / t + w[1])
     out = posthoc.apply_ets(params, z, form="logit")

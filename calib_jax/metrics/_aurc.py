@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import digamma
 
+from calib_jax import _checks
 from calib_jax.metrics import _common, _validate
 
 OPTIMA = ("exact", "geifman")
@@ -154,6 +155,6 @@ def eaurc(
       >>> print(f"{float(metrics.eaurc(probs, labels)):.4f}")
       0.0833
     """
-    _validate.check_choice("optimum", optimum, OPTIMA)
+    _checks.check_choice("optimum", optimum, OPTIMA)
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)
     return _eaurc_core(probs, labels, where, optimum)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from calib_jax import metrics
-from calib_jax.metrics import _binning
+from calib_jax.metrics import _conventions
 
 PRESETS = sorted(ref.PRESET_RULES)
 
@@ -32,7 +32,7 @@ def _edge_values(m):
 def test_bin_index_matches_rule_on_edges(preset, num_bins):
     values = _edge_values(num_bins)
     conv = metrics.get_convention(preset)
-    got = jax.jit(_binning.bin_index, static_argnums=(1, 2))(values, num_bins, conv)
+    got = jax.jit(_conventions.bin_index, static_argnums=(1, 2))(values, num_bins, conv)
     for c, b in zip(values, np.asarray(got)):
         expected = ref.bin_of(float(c), num_bins, preset)
         assert (b if b >= 0 else None) == expected, (preset, num_bins, float(c), b)
@@ -55,7 +55,7 @@ def test_from_confidences_on_edges_0_to_1(preset):
 
 
 def test_default_places_zero_first_and_one_last():
-    got = _binning.bin_index(np.float32([0.0, 1.0]), 15, metrics.get_convention())
+    got = _conventions.bin_index(np.float32([0.0, 1.0]), 15, metrics.get_convention())
     assert np.asarray(got).tolist() == [0, 14]
 
 
@@ -64,11 +64,11 @@ def test_plain_floor_would_misplace_an_edge():
     # in bin 12 although it equals edge 13.
     c = np.float32(13 / 22)
     assert int(np.floor(c * np.float32(22))) == 12
-    assert int(_binning.bin_index(c, 22, metrics.get_convention())) == 13
+    assert int(_conventions.bin_index(c, 22, metrics.get_convention())) == 13
 
 
 def test_netcal_edges_are_float64_linspace():
-    e = _binning.edges(metrics.get_convention("netcal"), 10)
+    e = _conventions.edges(metrics.get_convention("netcal"), 10)
     e64 = np.linspace(0, 1, 11)
     for k in range(11):
         # Smallest float32 not below the float64 edge.

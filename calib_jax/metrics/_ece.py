@@ -7,12 +7,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from calib_jax import _checks
 from calib_jax.metrics import (
     _adaptive,
-    _binning,
+    _binned_stats,
     _common,
+    _conventions,
     _kernels,
-    _stats,
     _validate,
 )
 
@@ -20,37 +21,56 @@ BINNINGS = ("equal_width", "equal_mass")
 
 
 def _options(num_bins, binning, convention):
-    conv = _binning.get_convention(convention)
-    m = _validate.check_num_bins(num_bins)
-    _validate.check_choice("binning", binning, BINNINGS)
+    conv = _conventions.get_convention(convention)
+    m = _checks.check_num_bins(num_bins)
+    _checks.check_choice("binning", binning, BINNINGS)
     if binning == "equal_mass":
         _adaptive.check_equal_mass(conv)
     return m, conv
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
-def _top_label_core(probs, labels, where, num_bins, binning, convention, p):
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7))
+def _top_label_core(
+    probs, labels, where, num_bins, binning, convention, p, screen=False
+):
+    """The top-label binned error; with ``screen`` also the row sums of the
+    input check's value screen (``None`` where the path does not read
+    ``probs`` through :func:`_common.top_label` itself)."""
+    sums = None
     if binning == "equal_width" and p == 1 and convention.min_count == 1:
         # Fast path: the ECE only needs sum(conf - correct) per bin.
-        conf, correct = _common.top_label(probs, labels)
+        if screen:
+            conf, correct, sums = _common.top_label(probs, labels, screen=True)
+        else:
+            conf, correct = _common.top_label(probs, labels)
         valid = _common.mask_or_ones(where, conf.shape[0])
-        bins = _binning.bin_index(conf, num_bins, convention)
-        slots = _binning.num_slots(convention, num_bins)
+        bins = _conventions.bin_index(conf, num_bins, convention)
+        slots = _conventions.num_slots(convention, num_bins)
         gaps = _kernels.gap_sums_top_label(conf, correct, bins, valid, slots)
         n = jnp.maximum(jnp.sum(valid.astype(jnp.int32)), 1).astype(gaps.dtype)
-        return jnp.sum(jnp.abs(gaps)) / n
-    if binning == "equal_width":
-        stats = _stats._from_batch_impl(
+        out = jnp.sum(jnp.abs(gaps)) / n
+    elif binning == "equal_width":
+        stats = _binned_stats.stats_from_batch(
             probs, labels, where, num_bins, convention, False
         )
-        return _stats._compute(stats, p)
-    return _adaptive.equal_mass_error(probs, labels, where, num_bins, convention, p)
+        out = _binned_stats.stats_error(stats, p)
+    else:
+        out = _adaptive.equal_mass_error(
+            probs, labels, where, num_bins, convention, p, screen
+        )
+        if screen:
+            out, sums = out
+    return (out, sums) if screen else out
 
 
 def _top_label_error(probs, labels, where, num_bins, binning, convention, p):
     m, conv = _options(num_bins, binning, convention)
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
-    return _top_label_core(probs, labels, where, m, binning, conv, p)
+    probs, labels, where = _validate.check_probs_labels(
+        probs, labels, where, values=False
+    )
+    return _validate.evaluate(
+        _top_label_core, probs, labels, where, m, binning, conv, p, screened=True
+    )
 
 
 def ece(
@@ -60,7 +80,7 @@ def ece(
     num_bins: int = 15,
     binning: str = "equal_width",
     p: float = 1,
-    convention: str | _binning.Convention = _binning.DEFAULT,
+    convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""Expected calibration error of the top-label confidence (binned).
@@ -128,7 +148,7 @@ def rmsce(
     *,
     num_bins: int = 15,
     binning: str = "equal_width",
-    convention: str | _binning.Convention = _binning.DEFAULT,
+    convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""Root-mean-square calibration error, ``ece(..., p=2)``.
@@ -161,7 +181,7 @@ def mce(
     *,
     num_bins: int = 15,
     binning: str = "equal_width",
-    convention: str | _binning.Convention = _binning.DEFAULT,
+    convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
 ) -> jax.Array:
     r"""Maximum calibration error: the largest gap over non-empty bins.
@@ -196,7 +216,7 @@ def mce(
 @functools.partial(jax.jit, static_argnums=(3, 4, 5))
 def _reliability_core(probs, labels, where, num_bins, binning, convention):
     if binning == "equal_width":
-        stats = _stats._from_batch_impl(
+        stats = _binned_stats.stats_from_batch(
             probs, labels, where, num_bins, convention, False
         )
         return stats.reliability()
@@ -221,7 +241,7 @@ def reliability_bins(
     *,
     num_bins: int = 15,
     binning: str = "equal_width",
-    convention: str | _binning.Convention = _binning.DEFAULT,
+    convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
 ) -> dict[str, jax.Array]:
     r"""Per-bin data of a reliability diagram.

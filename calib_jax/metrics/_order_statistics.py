@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from calib_jax.metrics import _binning
+from calib_jax.metrics import _conventions
 
 # Digit widths of the radix passes, most significant first (32 bits in all).
 # Small digits keep the per-pass histograms (and their cumulative sums, which
@@ -35,7 +35,7 @@ _WIDTHS = (11, 11, 10)
 
 def count_below(x: jax.Array, table: jax.Array) -> jax.Array:
     """``#{r : table[r] < x}`` for each entry of ``x`` (``table`` sorted)."""
-    return _binning._count_edges(x, table, strict=True)
+    return _conventions.count_edges(x, table, strict=True)
 
 
 def order_statistics(bits: jax.Array, valid: jax.Array, ranks: jax.Array) -> jax.Array:
@@ -103,7 +103,7 @@ def rank_bins(conf: jax.Array, valid: jax.Array, num_bins: int) -> jax.Array:
 
     Kernel family ``'metric_radix_select'`` (:mod:`calib_jax.kernels`): the
     plain formulation sorts and cuts (``_adaptive._rank_stats_sort``); float64
-    reference ``_sorted_cut_bins`` in ``tests/metrics/test_metrics_select.py``.
+    reference ``_sorted_cut_bins`` in ``tests/metrics/test_metrics_order_statistics.py``.
     """
     m = num_bins
     bits = lax.bitcast_convert_type(conf.astype(jnp.float32) + 0.0, jnp.uint32)

@@ -17,8 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from calib_jax.metrics import _binning, _common, _kernels, _validate
-from calib_jax.metrics._binning import Convention
+from calib_jax import _checks
+from calib_jax.metrics import _common, _conventions, _kernels, _validate
+from calib_jax.metrics._conventions import Convention
 
 
 @struct.dataclass
@@ -58,7 +59,7 @@ class BinnedStats:
     total: jax.Array
     num_bins: int = struct.field(pytree_node=False, default=15)
     convention: Convention = struct.field(
-        pytree_node=False, default=_binning.PRESETS[_binning.DEFAULT]
+        pytree_node=False, default=_conventions.PRESETS[_conventions.DEFAULT]
     )
     classwise: bool = struct.field(pytree_node=False, default=False)
 
@@ -67,7 +68,7 @@ class BinnedStats:
         cls,
         num_bins: int = 15,
         *,
-        convention: str | Convention = _binning.DEFAULT,
+        convention: str | Convention = _conventions.DEFAULT,
         num_classes: int | None = None,
     ) -> BinnedStats:
         """All-zero statistics (the identity of :meth:`merge`).
@@ -77,9 +78,9 @@ class BinnedStats:
           convention: preset name or :class:`Convention`.
           num_classes: ``K`` for class-wise statistics, None for top-label.
         """
-        conv = _binning.get_convention(convention)
-        m = _validate.check_num_bins(num_bins)
-        shape = (_binning.num_slots(conv, m),)
+        conv = _conventions.get_convention(convention)
+        m = _checks.check_num_bins(num_bins)
+        shape = (_conventions.num_slots(conv, m),)
         if num_classes is not None:
             shape = (int(num_classes),) + shape
         zeros = jnp.zeros(shape, jnp.int32)
@@ -100,7 +101,7 @@ class BinnedStats:
         labels: jax.typing.ArrayLike,
         *,
         num_bins: int = 15,
-        convention: str | Convention = _binning.DEFAULT,
+        convention: str | Convention = _conventions.DEFAULT,
         classwise: bool = False,
         where: jax.typing.ArrayLike | None = None,
     ) -> BinnedStats:
@@ -122,8 +123,8 @@ class BinnedStats:
         Returns:
           A :class:`BinnedStats`.
         """
-        conv = _binning.get_convention(convention)
-        m = _validate.check_num_bins(num_bins)
+        conv = _conventions.get_convention(convention)
+        m = _checks.check_num_bins(num_bins)
         probs, labels, where = _validate.check_probs_labels(probs, labels, where)
         return _from_batch(probs, labels, where, m, conv, bool(classwise))
 
@@ -134,7 +135,7 @@ class BinnedStats:
         correct: jax.typing.ArrayLike,
         *,
         num_bins: int = 15,
-        convention: str | Convention = _binning.DEFAULT,
+        convention: str | Convention = _conventions.DEFAULT,
         where: jax.typing.ArrayLike | None = None,
     ) -> BinnedStats:
         """Top-label statistics from confidences ``[N]`` in [0, 1] and outcomes.
@@ -142,19 +143,19 @@ class BinnedStats:
         Use it for binary problems scored by one probability, or for any
         precomputed confidence. ``correct`` is bool or 0/1 ``[N]``.
         """
-        conv = _binning.get_convention(convention)
-        m = _validate.check_num_bins(num_bins)
+        conv = _conventions.get_convention(convention)
+        m = _checks.check_num_bins(num_bins)
         conf, where = _validate.check_scores(confidences, where, name="confidences")
         correct = jnp.asarray(correct)
         if correct.shape != conf.shape:
             raise ValueError(
                 f"correct must have shape {conf.shape}, got {correct.shape}."
             )
-        if _validate.is_concrete(conf) and (
+        if _checks.is_concrete(conf) and (
             float(jnp.min(conf)) < 0.0 or float(jnp.max(conf)) > 1.0
         ):
             raise ValueError("confidences must lie in [0, 1].")
-        if _validate.is_concrete(correct) and not bool(
+        if _checks.is_concrete(correct) and not bool(
             jnp.all((correct == 0) | (correct == 1))
         ):
             raise ValueError("correct must be bool or 0/1 per row.")
@@ -197,14 +198,14 @@ class BinnedStats:
         """
         allowed = (1, 2) if self.classwise else (1, 2, float("inf"))
         p = _validate.check_p(p, allowed)
-        return _compute(self, p)
+        return stats_error(self, p)
 
     def reliability(self) -> dict[str, jax.Array]:
         """Per-bin ``count``, mean ``confidence``, ``accuracy``, ``lower``, ``upper``.
 
         Empty bins report 0 confidence and accuracy; mask them with ``count``.
         """
-        lower, upper = _binning.slot_edges(self.convention, self.num_bins)
+        lower, upper = _conventions.slot_edges(self.convention, self.num_bins)
         safe = jnp.maximum(self.count, 1).astype(jnp.float32)
         return {
             "count": self.count,
@@ -215,7 +216,8 @@ class BinnedStats:
         }
 
 
-def _compute(stats: BinnedStats, p: float) -> jax.Array:
+def stats_error(stats: BinnedStats, p: float) -> jax.Array:
+    """The binned error of ``stats`` (:meth:`BinnedStats.compute`, traceable)."""
     conv = stats.convention
     if not stats.classwise:
         return _common.binned_error(
@@ -245,7 +247,8 @@ def classwise_error(count, sum_conf, sum_correct, total, p, convention):
     return jnp.sqrt(jnp.mean(_common.squared_error(count, gap, keep, denom)))
 
 
-def _from_batch_impl(probs, labels, where, num_bins, convention, classwise):
+def stats_from_batch(probs, labels, where, num_bins, convention, classwise):
+    """:meth:`BinnedStats.from_batch` on checked inputs (traceable, no checks)."""
     n = probs.shape[0]
     valid = _common.mask_or_ones(where, n)
     total = jnp.sum(valid.astype(jnp.int32))
@@ -256,8 +259,8 @@ def _from_batch_impl(probs, labels, where, num_bins, convention, classwise):
         )
     else:
         conf, correct = _common.top_label(probs, labels)
-        bins = _binning.bin_index(conf, num_bins, convention)
-        slots = _binning.num_slots(convention, num_bins)
+        bins = _conventions.bin_index(conf, num_bins, convention)
+        slots = _conventions.num_slots(convention, num_bins)
         count, sum_conf, n_correct = _kernels.accumulate_top_label(
             conf, correct, bins, valid, slots
         )
@@ -275,8 +278,8 @@ def _from_batch_impl(probs, labels, where, num_bins, convention, classwise):
 def _from_confidences_impl(conf, correct, where, num_bins, convention):
     conf = _common.as_float(conf)
     valid = _common.mask_or_ones(where, conf.shape[0])
-    bins = _binning.bin_index(conf, num_bins, convention)
-    slots = _binning.num_slots(convention, num_bins)
+    bins = _conventions.bin_index(conf, num_bins, convention)
+    slots = _conventions.num_slots(convention, num_bins)
     count, sum_conf, n_correct = _kernels.accumulate_top_label(
         conf, correct, bins, valid, slots
     )
@@ -291,5 +294,5 @@ def _from_confidences_impl(conf, correct, where, num_bins, convention):
     )
 
 
-_from_batch = jax.jit(_from_batch_impl, static_argnums=(3, 4, 5))
+_from_batch = jax.jit(stats_from_batch, static_argnums=(3, 4, 5))
 _from_confidences = jax.jit(_from_confidences_impl, static_argnums=(3, 4))

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from calib_jax import _checks
 from calib_jax.metrics import _common, _validate
 
 
@@ -192,5 +193,5 @@ def sweep_ece(
     p = _validate.check_p(p)
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)
     size = probs.shape[0]
-    limit = size if max_bins is None else _validate.check_num_bins(max_bins)
+    limit = size if max_bins is None else _checks.check_num_bins(max_bins)
     return _sweep_core(probs, labels, where, p, min(limit, size))

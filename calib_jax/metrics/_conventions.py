@@ -175,7 +175,7 @@ def slot_edges(convention: Convention, num_bins: int) -> tuple[np.ndarray, np.nd
     return lower, upper
 
 
-def _count_edges(conf: jax.Array, table, strict: bool) -> jax.Array:
+def count_edges(conf: jax.Array, table, strict: bool) -> jax.Array:
     """Number of entries of the sorted ``table`` below (``<`` or ``<=``) ``conf``.
 
     ``table`` is a NumPy or a (possibly traced) JAX array of static length.
@@ -241,8 +241,8 @@ def bin_index(conf: jax.Array, num_bins: int, convention: Convention) -> jax.Arr
     e = edges(convention, m)
     if convention.side == "left":
         # [E_k, E_k+1): the number of edges E_1..E_M at or below conf.
-        b = _count_edges(conf, e[1:], strict=False)
+        b = count_edges(conf, e[1:], strict=False)
         return b if convention.top == "extra" else jnp.minimum(b, m - 1)
     # (E_k, E_k+1]: the number of edges E_0..E_M-1 strictly below conf, minus 1.
-    b = _count_edges(conf, e[:-1], strict=True) - 1
+    b = count_edges(conf, e[:-1], strict=True) - 1
     return jnp.maximum(b, 0) if convention.zero == "first" else b

@@ -10,7 +10,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from calib_jax import metrics
-from calib_jax.metrics import _adaptive, _select
+from calib_jax.metrics import _adaptive, _order_statistics
 
 
 def _sorted_cut_bins(conf, valid, m):
@@ -44,7 +44,9 @@ def test_rank_bins_equal_the_sorted_cut(seed, m):
     conf = conf.astype(np.float32)
     valid = rng.random(n) < (0.7 if seed % 2 else 1.0)
     valid[0] = True
-    got = np.asarray(_select.rank_bins(jnp.asarray(conf), jnp.asarray(valid), m))
+    got = np.asarray(
+        _order_statistics.rank_bins(jnp.asarray(conf), jnp.asarray(valid), m)
+    )
     np.testing.assert_array_equal(got, _sorted_cut_bins(conf, valid, m))
 
 
@@ -55,7 +57,7 @@ def test_order_statistics_are_the_sorted_values():
     valid = rng.random(5000) < 0.9
     s = np.sort(bits[valid])
     ranks = np.array([0, 1, 17, 17, 2000, len(s) - 2, len(s) - 1], np.int32)
-    got = _select.order_statistics(
+    got = _order_statistics.order_statistics(
         jnp.asarray(bits), jnp.asarray(valid), jnp.asarray(ranks)
     )
     np.testing.assert_array_equal(np.asarray(got), s[ranks])

@@ -61,8 +61,10 @@ def _check_domains(name: str, bound: LossFn, accepted) -> None:
     b, k = _PROBE_SHAPE
     logits = jax.ShapeDtypeStruct((b, k), jnp.float32)
     labels = jax.ShapeDtypeStruct((b,), jnp.int32)
+    mask = jax.ShapeDtypeStruct((b,), jnp.bool_)
     try:
-        jax.eval_shape(bound, logits, labels)
+        # Called as the objective calls its terms: with the batch mask.
+        jax.eval_shape(lambda z, y, w: bound(z, y, where=w), logits, labels, mask)
     except (ValueError, TypeError) as err:
         message = str(err)
         head = message.split(" ", 1)[0]

@@ -1,0 +1,89 @@
+"""ECE, RMSCE, MCE and reliability bins (calib_jax.metrics._ece) against the float64 loop references."""
+
+from __future__ import annotations
+
+import _reference_metrics as ref
+import numpy as np
+import pytest
+from metrics._cases import (
+    all_cases,
+    padded,
+    wide_cases,
+)
+
+from calib_jax import metrics
+
+CASES = all_cases()
+
+
+def _padded(case):
+    """(probs, labels, where) padded to one shape per K; see _cases.padded."""
+    return padded(*CASES[case])
+
+
+PRESETS = sorted(ref.PRESET_RULES)
+TOL = {"rtol": 1e-5, "atol": 2e-6}
+
+
+def _close(value, expected, **tol):
+    np.testing.assert_allclose(float(value), expected, **(tol or TOL))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("preset", PRESETS)
+def test_ece_all_presets(case, preset):
+    probs, labels = CASES[case]
+    pp, pl, w = _padded(case)
+    expected = ref.ece(probs, labels, m=15, preset=preset)
+    _close(metrics.ece(pp, pl, where=w, convention=preset), expected)
+
+
+@pytest.mark.parametrize("case", sorted(wide_cases()))
+def test_top_label_paths_for_many_classes(case):
+    probs, labels = wide_cases()[case]
+    _close(metrics.ece(probs, labels), ref.ece(probs, labels))
+    _close(metrics.mce(probs, labels), ref.ece(probs, labels, p="inf"))
+    _close(metrics.accuracy(probs, labels), ref.accuracy(probs, labels))
+    _close(metrics.brier(probs, labels), ref.brier(probs, labels))
+    _close(metrics.classwise_ece(probs, labels), ref.classwise_ece(probs, labels))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rmsce_mce(case):
+    probs, labels = CASES[case]
+    pp, pl, w = _padded(case)
+    _close(metrics.rmsce(pp, pl, where=w), ref.ece(probs, labels, p=2))
+    _close(metrics.mce(pp, pl, where=w), ref.ece(probs, labels, p="inf"))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_edges_ten_bins(preset):
+    # 0.7 is below float32(0.7) in float64: the presets disagree on it.
+    probs, labels = CASES["edges"]
+    pp, pl, w = _padded("edges")
+    expected = ref.ece(probs, labels, m=10, preset=preset)
+    _close(metrics.ece(pp, pl, where=w, num_bins=10, convention=preset), expected)
+
+
+@pytest.mark.parametrize("binning", ["equal_width", "equal_mass"])
+def test_reliability_bins(binning):
+    probs, labels = CASES["softmax_k10"]
+    pp, pl, w = _padded("softmax_k10")
+    got = metrics.reliability_bins(pp, pl, where=w, binning=binning)
+    conf, correct = ref.top_label(probs, labels)
+    if binning == "equal_width":
+        members = ref.binned_members(conf, 15, "calib_jax")
+    else:
+        members = ref.equal_mass_members(conf, 15, "rank")
+    counts = [len(m) for m in members]
+    np.testing.assert_array_equal(got["count"], counts)
+    for b, idx in enumerate(members):
+        if idx:
+            np.testing.assert_allclose(
+                got["confidence"][b], np.mean(conf[idx]), rtol=1e-5
+            )
+            np.testing.assert_allclose(
+                got["accuracy"][b], np.mean(correct[idx]), rtol=1e-5
+            )
+            assert got["lower"][b] <= min(conf[idx]) + 1e-7
+            assert got["upper"][b] >= max(conf[idx]) - 1e-7

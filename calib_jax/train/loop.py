@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import math
@@ -127,17 +128,63 @@ def _step_of(line: str) -> int | None:
     return row.get("step") if isinstance(row, dict) else None
 
 
+@jax.jit
+def _add_metrics(sums: dict, metrics: dict) -> dict:
+    """``sums[key] + metrics[key]`` for every key (one compiled program)."""
+    return {key: sums[key] + value for key, value in metrics.items()}
+
+
 def _accumulate(acc: dict, metrics: dict) -> dict:
     """Adds one step's metrics to the running sums (on device, no host sync).
 
     Interleaved training alternates steps with different loss terms, so every
-    key keeps its own step count.
+    key keeps its own step count. The additions of one step are one compiled
+    program (one dispatch, however many metrics there are).
     """
+    # A new key starts from a traced 0.0, as the eager ``0.0 + value`` did.
+    sums = _add_metrics({k: acc.get(k, (0.0, 0))[0] for k in metrics}, metrics)
     out = dict(acc)
-    for key, value in metrics.items():
-        total, count = out.get(key, (0.0, 0))
-        out[key] = (total + value, count + 1)
+    for key, total in sums.items():
+        out[key] = (total, acc.get(key, (0.0, 0))[1] + 1)
     return out
+
+
+class RunAhead:
+    """Bounds how many dispatched steps may wait for the devices.
+
+    XLA:CPU runs each virtual device's share of a program on one thread pool
+    shared by all devices. With tens of multi-device programs in flight, the
+    participants of a collective can fill the pool while they wait for others
+    queued behind them, and the runtime then aborts the process ("Termination
+    timeout ... Exiting to ensure a consistent program state", after 40 s).
+    :meth:`push` of step ``k``'s outputs therefore waits for those of step
+    ``k - limit``: the host stays at most ``limit`` steps ahead, never syncing
+    on the step it just dispatched.
+
+    Args:
+      limit: steps the host may run ahead (>= 1); None never waits.
+    """
+
+    def __init__(self, limit: int | None):
+        self.limit = limit
+        self._pending: collections.deque = collections.deque()
+
+    @classmethod
+    def for_backend(cls) -> RunAhead:
+        """:data:`CPU_RUN_AHEAD` on the CPU; accelerator runtimes queue freely."""
+        return cls(CPU_RUN_AHEAD if jax.default_backend() == "cpu" else None)
+
+    def push(self, outputs) -> None:
+        """Records a dispatched step's ``outputs`` (any pytree of arrays)."""
+        if self.limit is None:
+            return
+        self._pending.append(outputs)
+        while len(self._pending) > self.limit:
+            jax.block_until_ready(self._pending.popleft())
+
+
+# Steps the training loop runs ahead of XLA:CPU devices (see RunAhead).
+CPU_RUN_AHEAD = 2
 
 
 @jax.jit
@@ -265,6 +312,7 @@ def _train(
         return err
 
     window = start + 1  # first step of the current logging window
+    run_ahead = RunAhead.for_backend()
     debug_nans = jax.debug_nans(bool(config.get("debug_nans", False)))
     # The next batches are gathered and placed on the mesh on a thread while
     # the devices work; each is the same function of (seed, step) as without.
@@ -281,6 +329,7 @@ def _train(
                 tb.close()
                 ckpt.close()
                 raise
+            run_ahead.push(metrics)
             # Sums stay on device; the host reads them only when logging.
             acc = _accumulate(acc, metrics)
             done = step + 1

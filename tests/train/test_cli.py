@@ -58,7 +58,8 @@ def test_digits_run_reaches_95_percent_and_logs_shifted_ece(tmp_path):
     assert losses[-1] < losses[0]
     # Resolved config before step 0, exported logits for the post-hoc CLI.
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["loss"][0]["name"] == "cross_entropy"
+    assert config["loss"]["terms"] == ["cross_entropy"]
+    assert config["loss"]["cross_entropy"] == {"weight": 1.0}
     logits, labels = _final_logits(tmp_path)
     assert logits.shape == (360, 10) and labels.shape == (360,)
     assert (tmp_path / "logits" / "shift_gaussian_noise_3.npz").exists()

@@ -47,7 +47,7 @@ test: $(STAMP)
 # buckets, subprocess pods): the same company they keep in make test.
 TPU_TEST := tests/test_tpu_aot.py::test_resnet20_sb_ece_step_compiles_and_fits_on_v5e_2x2
 test-slow: $(STAMP) $(TPU_AOT_STAMP)
-	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m 'long and not slow' tests
+	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m 'long and not slow' --durations=20 tests
 	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m slow tests --deselect $(TPU_TEST)
 	JAX_PLATFORMS=cpu $(PY) -m pytest -m slow $(TPU_TEST)
 

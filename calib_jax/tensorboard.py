@@ -108,11 +108,11 @@ def log_dir(
 
 
 def check_writable(directory: epath.PathLike) -> None:
-    """Checks that ``directory`` can be created and written, leaving no file.
+    """Checks that ``directory`` can be created and written, leaving no trace.
 
     Creates it (and its parents), writes and removes a probe file, and removes
-    the directory again if it did not exist (a local one; in an object store
-    a directory is only a name prefix).
+    again every local directory it created (in an object store a directory is
+    only a name prefix), so a run rejected later leaves its workdir as it was.
 
     Raises:
       ValueError: the directory cannot be created or written (one line).
@@ -122,18 +122,28 @@ def check_writable(directory: epath.PathLike) -> None:
         return
     probe = directory / f".write_check_{uuid.uuid4().hex}"
     try:
-        existed = directory.exists()
+        created = [] if storage.is_remote(directory) else _missing(directory)
         storage.make_dirs(directory)
         storage.write_bytes(probe, b"")
         probe.unlink()
-        if not existed and not storage.is_remote(directory):
-            directory.rmdir()  # the writer creates it again
+        for path in created:  # innermost first; the writer creates them again
+            path.rmdir()
     except (OSError, ValueError) as e:
         reason = " ".join(str(e).split()) or type(e).__name__
         raise ValueError(
             f"TensorBoard log directory {directory} is not writable "
             f"(--config.log.tensorboard=True): {type(e).__name__}: {reason}"
         ) from None
+
+
+def _missing(directory: epath.Path) -> list[epath.Path]:
+    """``directory`` and its ancestors that do not exist yet, innermost first."""
+    missing = []
+    path = directory
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
 
 
 def figure_image(fig) -> np.ndarray:

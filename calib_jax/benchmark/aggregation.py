@@ -129,27 +129,27 @@ def paired(rows, a, b, metric, shift="clean") -> tuple[float, float] | None:
 
 
 def verdict(diffs: list[tuple[float, float]]) -> str:
-    """``holds`` when every difference (claimed < 0) is below 0 by more than its SEM.
+    """``holds`` when every difference (claimed < 0) is below 0 by more than
+    :func:`detectable` (2 x its paired SEM).
 
-    ``does not hold`` when any is above 0 by more than its SEM; otherwise
-    ``cannot tell on this grid`` (some difference within one SEM of 0: the
-    seeds cannot resolve it; see :func:`detectable`).
+    ``does not hold`` when any is above 0 by more than its detectable
+    difference; otherwise ``cannot tell on this grid`` (some difference lies
+    within the seeds' noise).
     """
     if not diffs:
         return "not measured"
-    if any(d - s > 0 for d, s in diffs):
+    if any(d - detectable((d, s)) > 0 for d, s in diffs):
         return "does not hold"
-    if all(d + s < 0 for d, s in diffs):
+    if all(d + detectable((d, s)) < 0 for d, s in diffs):
         return "holds"
-    return "cannot tell on this grid (within 1 SEM)"
+    return "cannot tell on this grid"
 
 
 def detectable(d: tuple[float, float]) -> float:
     """The smallest difference the seeds could detect: 2 x the paired SEM.
 
     A true difference smaller than this is, on this grid, indistinguishable
-    from seed noise; a claim whose verdict is ``cannot tell`` says nothing
-    about differences below it.
+    from seed noise: :func:`verdict` reads ``cannot tell`` below it.
     """
     return 2.0 * d[1]
 

@@ -140,11 +140,11 @@ def write_report(
         "",
         (
             "Each paper's headline claim, tested on this grid. Differences are "
-            "paired by seed (method minus baseline, percentage points); a claim "
-            "holds when every difference is below 0 by more than one SEM, does not "
-            "hold when one is above 0 by more than one SEM, and otherwise this grid "
-            "cannot tell. The smallest detectable difference is 2 x the paired SEM: "
-            "differences below it are within the seeds' noise. Claims that come "
+            "paired by seed (method minus baseline, percentage points). The "
+            "smallest difference the seeds could detect is 2 x the paired SEM; a "
+            "claim holds when every difference is below 0 by more than that, does "
+            "not hold when one is above 0 by more than that, and otherwise this "
+            "grid cannot tell. Claims that come "
             "from a released number use the released-code methods "
             "(`acls_released`, `au_pxtau_released`)."
         ),

@@ -70,9 +70,9 @@ def validate(config: ConfigDict, workdir: epath.Path) -> None:
         methods.insert(0, grid.STAGE_ONE)
     for method in methods:
         train_lib.validate(grid.train_config(config, method, 0, workdir))
-    check_workdir(config, workdir)
     if tensorboard.enabled(config):
         tensorboard.check_writable(events.root(workdir))
+    check_workdir(config, workdir)  # writes config.json: the last check
 
 
 def _write_rows(path: epath.Path, rows: list[dict]) -> None:

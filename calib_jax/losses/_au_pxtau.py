@@ -441,6 +441,14 @@ def au_pxtau_update_hist(
     csf = check_csf(csf)
     variant = check_variant(variant)
     check_unit_interval("decay", decay, closed_left=True)
+    if variant == "released_code" and (
+        isinstance(decay, jax.core.Tracer) or float(decay) != 1.0
+    ):
+        reject(
+            "au_pxtau_update_hist",
+            f"decay={decay!r} (its histogram adds plain counts and is reset every "
+            "epoch: pass decay=1 and zero the state)",
+        )
     hist = jnp.asarray(hist)
     if hist.ndim != 1 or hist.shape[0] < 1:
         raise ValueError(f"hist must have shape [num_bins], got {hist.shape}.")

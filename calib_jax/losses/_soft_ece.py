@@ -175,7 +175,9 @@ def sb_ece(
     if variant == "released_code":
         if kind != "lb":
             reject("sb_ece", f"kind={kind!r} (only the label-binned 'lb')")
-        if not isinstance(p, jax.core.Tracer) and float(p) != 2.0:
+        if isinstance(p, jax.core.Tracer):
+            reject("sb_ece", "a traced p (only the squared l2 form: pass p=2)")
+        if float(p) != 2.0:
             reject("sb_ece", f"p={p!r} (only the squared l2 form, p=2)")
     logits, labels, mask = prepare(logits, labels, where)
     if variant == "released_code":

@@ -22,7 +22,7 @@ import numpy as np
 from etils import epath
 from ml_collections import ConfigDict
 
-from calib_jax import storage
+from calib_jax import storage, tensorboard
 from calib_jax.data import cache as cache_lib
 from calib_jax.data import schedule as schedule_lib
 from calib_jax.train import evaluate as eval_lib
@@ -108,6 +108,8 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
     # Refuses a workdir of another run now; config.json is written only once
     # every check below has passed too, so a rejected config leaves no trace.
     check_workdir(config, workdir, write=False)
+    if tensorboard.enabled(config):
+        tensorboard.check_writable(tensorboard.log_dir(config, workdir))
 
     # ---- data sources and the step -> batch map --------------------------------
     # Each split is decoded once (calib_jax.data.cache); batches are gathered

@@ -45,13 +45,16 @@ def test_verdicts_and_paired_differences():
     d = aggregation.paired(rows, ("a", "none"), ("b", "none"), "ece")
     diffs = np.array([-0.2, -0.1, -0.3])
     assert d == pytest.approx((diffs.mean(), diffs.std(ddof=1) / np.sqrt(3)))
-    assert aggregation.verdict([d]) == "holds"
-    assert (
-        aggregation.verdict([(-0.01, 0.02)])
-        == "cannot tell on this grid (within 1 SEM)"
-    )
     assert aggregation.detectable(d) == pytest.approx(2 * d[1])
-    assert aggregation.verdict([d, (0.05, 0.01)]) == "does not hold"
+    assert d[0] + aggregation.detectable(d) < 0
+    assert aggregation.verdict([d]) == "holds"
+    tell = "cannot tell on this grid"
+    assert aggregation.verdict([(-0.01, 0.02)]) == tell
+    # Beyond one SEM but within two: the seeds cannot resolve it either way.
+    assert aggregation.verdict([(-0.03, 0.02)]) == tell
+    assert aggregation.verdict([(0.03, 0.02)]) == tell
+    assert aggregation.verdict([d, (0.05, 0.02)]) == "does not hold"
+    assert aggregation.verdict([d, (-0.05, 0.02)]) == "holds"
     assert aggregation.verdict([]) == "not measured"
     assert aggregation.paired(rows, ("a", "none"), ("c", "none"), "ece") is None
 

@@ -284,3 +284,16 @@ def test_report_has_ood_and_bootstrap_tables(finished):
     # A far-OOD set: tiles of photographs are easy to tell from digits.
     assert all(0.5 < r["ood_auroc"] <= 1.0 for r in clean)
     assert all(r["accuracy_lo"] <= r["accuracy"] <= r["accuracy_hi"] for r in clean)
+
+
+def test_unwritable_tensorboard_dir_is_one_line_before_anything_is_written(tmp_path):
+    config = tiny_config()  # log.tensorboard on
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "tensorboard").write_text("")  # a file where the directory goes
+    with pytest.raises(ValueError) as err:
+        runner.validate(config, workdir)
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"TensorBoard log directory {workdir / 'tensorboard'} is not writable" in message
+    assert [p.name for p in workdir.iterdir()] == ["tensorboard"]  # no config.json

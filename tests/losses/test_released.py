@@ -209,6 +209,18 @@ def test_unknown_variant_lists_the_valid_ones(call):
             ),
             "weight_grad=False",
         ),
+        (
+            lambda x, y: jax.jit(
+                lambda p: losses.sb_ece(x, y, p=p, variant="released_code")
+            )(2.0),
+            "a traced p",
+        ),
+        (
+            lambda x, y: losses.au_pxtau_update_hist(
+                jnp.zeros(8), x, decay=0.5, variant="released_code"
+            ),
+            "decay=0.5",
+        ),
     ],
 )
 def test_variant_with_an_option_the_released_code_lacks(call, what):
@@ -339,6 +351,11 @@ METRICS_USING_CORRECTNESS = [
     ("eaurc", {}),
     ("augrc", {}),
     ("risk_at_coverage", {"coverage": 0.5}),
+    ("coverage_at_risk", {"risk": 0.9}),
+    ("smooth_ece", {}),
+    ("smooth_reliability", {}),
+    ("reliability_bins", {}),
+    ("reliability_bins", {"binning": "equal_mass"}),
 ]
 
 
@@ -356,9 +373,14 @@ def test_tie_rule_every_metric_that_uses_correctness(name, kw):
     bumped = tied.copy()
     bumped[:, 0] += 1e-6
     bumped /= bumped.sum(1, keepdims=True)
-    got = float(fn(tied.astype(np.float32), y, **kw))
-    want = float(fn(bumped.astype(np.float32), y, **kw))
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    got = jax.tree.map(np.asarray, fn(tied.astype(np.float32), y, **kw))
+    want = jax.tree.map(np.asarray, fn(bumped.astype(np.float32), y, **kw))
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    # The smoothed curve moves with the 1e-6 bump's shift of the bandwidth by
+    # ~5e-4; the other rule (every tied row correct) would move it by ~0.8.
+    atol = 2e-3 if name == "smooth_reliability" else 1e-5
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=atol)
     # ... and not the value the "label among the tied classes" rule would give
     # for accuracy-like metrics (every row correct).
     if name == "accuracy":

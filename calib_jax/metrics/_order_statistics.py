@@ -103,7 +103,7 @@ def rank_bins(conf: jax.Array, valid: jax.Array, num_bins: int) -> jax.Array:
 
     Kernel family ``'metric_radix_select'`` (:mod:`calib_jax.kernels`): the
     plain formulation sorts and cuts (``_adaptive._rank_stats_sort``); float64
-    reference ``_sorted_cut_bins`` in ``tests/metrics/test_metrics_order_statistics.py``.
+    reference ``_sorted_cut_bins`` in ``tests/metrics/test_order_statistics.py``.
     """
     m = num_bins
     bits = lax.bitcast_convert_type(conf.astype(jnp.float32) + 0.0, jnp.uint32)

@@ -22,21 +22,25 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-IGNORED = (
+# Local state at the top of a checkout (run outputs, environments, builds);
+# below it only caches are left out: calib_jax/train/workdir.py is source.
+TOP_LEVEL_IGNORED = (
     ".venv",
     ".git",
     ".whl",
     ".gl",
     ".gpu",
-    ".ruff_cache",
-    ".pytest_cache",
     "build",
     "dist",
     "runs",
     "workdir*",
-    "*.egg-info",
-    "__pycache__",
 )
+CACHES = (".ruff_cache", ".pytest_cache", "*.egg-info", "__pycache__")
+
+
+def _ignored(directory, names):
+    patterns = CACHES + (TOP_LEVEL_IGNORED if Path(directory) == ROOT else ())
+    return shutil.ignore_patterns(*patterns)(directory, names)
 
 
 def _run(cmd, *, cwd, env, timeout=300):
@@ -56,7 +60,7 @@ def _run(cmd, *, cwd, env, timeout=300):
 def installed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
-    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(*IGNORED))
+    shutil.copytree(ROOT, src, symlinks=True, ignore=_ignored)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     proc = _run(
@@ -105,6 +109,13 @@ def installed(tmp_path_factory):
 def test_wheel_ships_the_configs_and_py_typed(installed):
     names = zipfile.ZipFile(installed["wheel"]).namelist()
     assert "calib_jax/py.typed" in names
+    modules = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "calib_jax").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert "calib_jax/train/workdir.py" in modules
+    assert sorted(modules - set(names)) == []  # every module of the source tree
     shipped = {n.split("/")[-1] for n in names if n.startswith("calib_jax/configs/")}
     repo = {p.name for p in (ROOT / "configs").glob("*.py")}
     assert shipped == repo

@@ -1,8 +1,8 @@
 """A run SIGKILLed, its newest checkpoint damaged on disk, then resumed.
 
 The damage is what a crash during a write or a bad disk leaves: a truncated
-array file, one flipped bit in an array file, a garbled metadata file, a
-missing checksum record. Each resume sets the damaged step aside with one
+array file, one flipped bit in an array file, a garbled or missing metadata
+file, a missing checksum record. Each resume sets the damaged step aside with one
 line, restores the previous step and ends bit for bit where an uninterrupted
 run ends; its metrics.jsonl has every record once.
 """
@@ -53,6 +53,10 @@ def _garble_metadata(step_dir):
     path.write_bytes(path.read_bytes()[:40] + b"\x00garbled")
 
 
+def _drop_metadata(step_dir):
+    (step_dir / "state" / "_METADATA").unlink()
+
+
 def _drop_checksums(step_dir):
     (step_dir / "checksums" / "metadata").unlink()
 
@@ -61,6 +65,7 @@ DAMAGE = {
     "truncated": _truncate,
     "bit_flip": _flip_bit,
     "garbled_metadata": _garble_metadata,
+    "missing_metadata": _drop_metadata,
     "missing_checksums": _drop_checksums,
 }
 

@@ -41,6 +41,7 @@ def _value_and_grad(case, logits, labels):
     return np.asarray(value), np.asarray(grad)
 
 
+@pytest.mark.long  # every loss: about 40 s of make test's budget
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_plain_form_matches_float64_value_and_gradient(case):
     logits, labels = random_batch(case)
@@ -63,6 +64,7 @@ def test_plain_form_matches_float64_value_and_gradient(case):
             )
 
 
+@pytest.mark.long  # every loss: about 40 s of make test's budget
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_tuned_and_plain_agree_in_float32(case):
     logits, labels = random_batch(case, seed=2)

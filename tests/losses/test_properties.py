@@ -43,6 +43,7 @@ def test_value_matches_float64_reference(case):
     np.testing.assert_allclose(got, want, rtol=case.rtol, atol=case.atol)
 
 
+@pytest.mark.long  # every loss: about 40 s of make test's budget
 @pytest.mark.parametrize("case", DIFFERENTIABLE, ids=[c.name for c in DIFFERENTIABLE])
 def test_check_grads_order1(case):
     logits, labels = random_batch(case, seed=1)
@@ -119,6 +120,7 @@ def _grad_of_sum(case, logits, labels):
     )
 
 
+@pytest.mark.long  # every loss: about 40 s of make test's budget
 @pytest.mark.parametrize("scale", [1e2, 1e4])
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_finite_at_extreme_logits(case, scale):

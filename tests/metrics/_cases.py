@@ -114,3 +114,17 @@ def wide_cases():
         "softmax_k100": with_max_ties(*softmax_case(n=200, k=100, seed=4)),
         "softmax_k37": with_max_ties(*softmax_case(n=120, k=37, seed=6)),
     }
+
+
+# The value tests' default tolerance against the float64 references.
+TOL = {"rtol": 1e-5, "atol": 2e-6}
+
+
+def close(value, expected, **tol):
+    """``value`` (a scalar array) equals ``expected`` within ``tol`` or :data:`TOL`."""
+    np.testing.assert_allclose(float(value), expected, **(tol or TOL))
+
+
+def padded_case(cases, name):
+    """``(probs, labels, where)`` of ``cases[name]`` padded to one shape per K."""
+    return padded(*cases[name])

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from metrics._cases import (
     all_cases,
-    padded,
+    close,
+    padded_case,
     wide_cases,
 )
 
@@ -15,60 +16,49 @@ from calib_jax import metrics
 
 CASES = all_cases()
 
-
-def _padded(case):
-    """(probs, labels, where) padded to one shape per K; see _cases.padded."""
-    return padded(*CASES[case])
-
-
 PRESETS = sorted(ref.PRESET_RULES)
-TOL = {"rtol": 1e-5, "atol": 2e-6}
-
-
-def _close(value, expected, **tol):
-    np.testing.assert_allclose(float(value), expected, **(tol or TOL))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("preset", PRESETS)
 def test_ece_all_presets(case, preset):
     probs, labels = CASES[case]
-    pp, pl, w = _padded(case)
+    pp, pl, w = padded_case(CASES, case)
     expected = ref.ece(probs, labels, m=15, preset=preset)
-    _close(metrics.ece(pp, pl, where=w, convention=preset), expected)
+    close(metrics.ece(pp, pl, where=w, convention=preset), expected)
 
 
 @pytest.mark.parametrize("case", sorted(wide_cases()))
 def test_top_label_paths_for_many_classes(case):
     probs, labels = wide_cases()[case]
-    _close(metrics.ece(probs, labels), ref.ece(probs, labels))
-    _close(metrics.mce(probs, labels), ref.ece(probs, labels, p="inf"))
-    _close(metrics.accuracy(probs, labels), ref.accuracy(probs, labels))
-    _close(metrics.brier(probs, labels), ref.brier(probs, labels))
-    _close(metrics.classwise_ece(probs, labels), ref.classwise_ece(probs, labels))
+    close(metrics.ece(probs, labels), ref.ece(probs, labels))
+    close(metrics.mce(probs, labels), ref.ece(probs, labels, p="inf"))
+    close(metrics.accuracy(probs, labels), ref.accuracy(probs, labels))
+    close(metrics.brier(probs, labels), ref.brier(probs, labels))
+    close(metrics.classwise_ece(probs, labels), ref.classwise_ece(probs, labels))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_rmsce_mce(case):
     probs, labels = CASES[case]
-    pp, pl, w = _padded(case)
-    _close(metrics.rmsce(pp, pl, where=w), ref.ece(probs, labels, p=2))
-    _close(metrics.mce(pp, pl, where=w), ref.ece(probs, labels, p="inf"))
+    pp, pl, w = padded_case(CASES, case)
+    close(metrics.rmsce(pp, pl, where=w), ref.ece(probs, labels, p=2))
+    close(metrics.mce(pp, pl, where=w), ref.ece(probs, labels, p="inf"))
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_edges_ten_bins(preset):
     # 0.7 is below float32(0.7) in float64: the presets disagree on it.
     probs, labels = CASES["edges"]
-    pp, pl, w = _padded("edges")
+    pp, pl, w = padded_case(CASES, "edges")
     expected = ref.ece(probs, labels, m=10, preset=preset)
-    _close(metrics.ece(pp, pl, where=w, num_bins=10, convention=preset), expected)
+    close(metrics.ece(pp, pl, where=w, num_bins=10, convention=preset), expected)
 
 
 @pytest.mark.parametrize("binning", ["equal_width", "equal_mass"])
 def test_reliability_bins(binning):
     probs, labels = CASES["softmax_k10"]
-    pp, pl, w = _padded("softmax_k10")
+    pp, pl, w = padded_case(CASES, "softmax_k10")
     got = metrics.reliability_bins(pp, pl, where=w, binning=binning)
     conf, correct = ref.top_label(probs, labels)
     if binning == "equal_width":

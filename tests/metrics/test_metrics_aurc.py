@@ -3,42 +3,31 @@
 from __future__ import annotations
 
 import _reference_metrics as ref
-import numpy as np
 import pytest
 from metrics._cases import (
     all_cases,
-    padded,
+    close,
+    padded_case,
 )
 
 from calib_jax import metrics
 
 CASES = all_cases()
 
-
-def _padded(case):
-    """(probs, labels, where) padded to one shape per K; see _cases.padded."""
-    return padded(*CASES[case])
-
-
 PRESETS = sorted(ref.PRESET_RULES)
-TOL = {"rtol": 1e-5, "atol": 2e-6}
-
-
-def _close(value, expected, **tol):
-    np.testing.assert_allclose(float(value), expected, **(tol or TOL))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_aurc_eaurc(case):
     probs, labels = CASES[case]
-    pp, pl, w = _padded(case)
-    _close(metrics.aurc(pp, pl, where=w), ref.aurc(probs, labels), atol=1e-5, rtol=1e-5)
+    pp, pl, w = padded_case(CASES, case)
+    close(metrics.aurc(pp, pl, where=w), ref.aurc(probs, labels), atol=1e-5, rtol=1e-5)
     got = metrics.eaurc(pp, pl, where=w)
-    _close(got, ref.eaurc(probs, labels), atol=1e-5, rtol=1e-5)
+    close(got, ref.eaurc(probs, labels), atol=1e-5, rtol=1e-5)
     assert float(got) >= -1e-6
 
 
 def test_eaurc_geifman_closed_form():
     probs, labels = CASES["softmax_k10"]
     got = metrics.eaurc(probs, labels, optimum="geifman")
-    _close(got, ref.eaurc(probs, labels, "geifman"), atol=1e-5, rtol=1e-5)
+    close(got, ref.eaurc(probs, labels, "geifman"), atol=1e-5, rtol=1e-5)

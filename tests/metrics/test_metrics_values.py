@@ -10,7 +10,8 @@ import pytest
 from metrics._cases import (
     all_cases,
     classwise_edge_case,
-    padded,
+    close,
+    padded_case,
     softmax_case,
 )
 
@@ -18,18 +19,7 @@ from calib_jax import metrics
 
 CASES = all_cases()
 
-
-def _padded(case):
-    """(probs, labels, where) padded to one shape per K; see _cases.padded."""
-    return padded(*CASES[case])
-
-
 PRESETS = sorted(ref.PRESET_RULES)
-TOL = {"rtol": 1e-5, "atol": 2e-6}
-
-
-def _close(value, expected, **tol):
-    np.testing.assert_allclose(float(value), expected, **(tol or TOL))
 
 
 @pytest.mark.parametrize("case", ["softmax_k10", "ties", "n1", "all_wrong", "edges"])
@@ -38,9 +28,9 @@ def _close(value, expected, **tol):
 )
 def test_adaptive_ece(case, preset):
     probs, labels = CASES[case]
-    pp, pl, w = _padded(case)
+    pp, pl, w = padded_case(CASES, case)
     expected = ref.ece(probs, labels, m=15, preset=preset, binning="mass")
-    _close(metrics.adaptive_ece(pp, pl, where=w, convention=preset), expected)
+    close(metrics.adaptive_ece(pp, pl, where=w, convention=preset), expected)
 
 
 @pytest.mark.parametrize("p", [1, 2])
@@ -59,24 +49,24 @@ def test_robustness_metrics_equal_mass_both_norms(p, num_bins):
     got = metrics.adaptive_ece(
         probs, labels, num_bins=num_bins, p=p, convention="robustness_metrics"
     )
-    _close(got, expected)
+    close(got, expected)
 
 
 @pytest.mark.parametrize("num_bins", [1, 4, 70])
 def test_adaptive_ece_bin_counts_with_ties(num_bins):
     probs, labels = CASES["ties"]
-    pp, pl, w = _padded("ties")
+    pp, pl, w = padded_case(CASES, "ties")
     expected = ref.ece(probs, labels, m=num_bins, binning="mass")
-    _close(metrics.adaptive_ece(pp, pl, where=w, num_bins=num_bins), expected)
+    close(metrics.adaptive_ece(pp, pl, where=w, num_bins=num_bins), expected)
 
 
 @pytest.mark.parametrize("case", ["softmax_k10", "softmax_k2", "n1", "all_correct"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_classwise_ece(case, preset):
     probs, labels = CASES[case]
-    pp, pl, w = _padded(case)
+    pp, pl, w = padded_case(CASES, case)
     expected = ref.classwise_ece(probs, labels, preset=preset)
-    _close(metrics.classwise_ece(pp, pl, where=w, convention=preset), expected)
+    close(metrics.classwise_ece(pp, pl, where=w, convention=preset), expected)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -84,17 +74,17 @@ def test_classwise_on_edges_zero_and_one(preset):
     probs, labels = classwise_edge_case()
     expected = ref.classwise_ece(probs, labels, m=5, preset=preset)
     got = metrics.classwise_ece(probs, labels, num_bins=5, convention=preset)
-    _close(got, expected)
+    close(got, expected)
 
 
 def test_classwise_l2_root_placement():
     probs, labels = CASES["softmax_k10"]
-    pp, pl, w = _padded("softmax_k10")
+    pp, pl, w = padded_case(CASES, "softmax_k10")
     after = metrics.classwise_ece(pp, pl, where=w, p=2)
-    _close(after, ref.classwise_ece(probs, labels, p=2, root="after_mean"))
+    close(after, ref.classwise_ece(probs, labels, p=2, root="after_mean"))
     per_class = metrics.Convention(name="pc", l2_root="per_class")
     got = metrics.classwise_ece(pp, pl, where=w, p=2, convention=per_class)
-    _close(got, ref.classwise_ece(probs, labels, p=2, root="per_class"))
+    close(got, ref.classwise_ece(probs, labels, p=2, root="per_class"))
     assert float(got) <= float(after) + 1e-7  # Jensen: mean of roots <= root of mean
 
 
@@ -102,26 +92,26 @@ def test_classwise_l2_root_placement():
 @pytest.mark.parametrize("debias", [False, True])
 def test_marginal_ece_matches_kumar_binning(case, debias):
     probs, labels = CASES[case]
-    pp, pl, w = _padded(case)
+    pp, pl, w = padded_case(CASES, case)
     expected = ref.marginal_ece(probs, labels, m=15, debias=debias)
-    _close(metrics.marginal_ece(pp, pl, where=w, debias=debias), expected)
+    close(metrics.marginal_ece(pp, pl, where=w, debias=debias), expected)
 
 
 @pytest.mark.parametrize("case", ["softmax_k10", "ties", "n1", "all_correct"])
 def test_debiased_ece(case):
     probs, labels = CASES[case]
-    pp, pl, w = _padded(case)
-    _close(metrics.debiased_ece(pp, pl, where=w), ref.debiased_ece(probs, labels))
+    pp, pl, w = padded_case(CASES, case)
+    close(metrics.debiased_ece(pp, pl, where=w), ref.debiased_ece(probs, labels))
 
 
 def test_ood_metrics_with_ties():
     rng = np.random.default_rng(5)
     s_in = rng.choice(np.float32([0.2, 0.5, 0.7, 0.9, 0.95]), size=101)
     s_out = rng.choice(np.float32([0.1, 0.5, 0.7, 0.8]), size=57)
-    _close(metrics.ood_auroc(s_in, s_out), ref.ood_auroc(s_in, s_out))
+    close(metrics.ood_auroc(s_in, s_out), ref.ood_auroc(s_in, s_out))
     for tpr in (0.95, 0.5, 1.0):
         got = metrics.fpr_at_95_tpr(s_in, s_out, tpr=tpr)
-        _close(got, ref.fpr_at_tpr(s_in, s_out, tpr))
+        close(got, ref.fpr_at_tpr(s_in, s_out, tpr))
 
 
 @pytest.mark.parametrize("positive", ["in", "out"])
@@ -132,7 +122,7 @@ def test_ood_aupr_equals_the_float64_definition_with_ties_and_masks(positive):
     s_in = rng.choice(np.float32([0.2, 0.5, 0.7, 0.9, 0.95]), size=101)
     s_out = rng.choice(np.float32([0.1, 0.5, 0.7, 0.8]), size=57)
     want = ref.ood_aupr(s_in, s_out, positive)
-    _close(metrics.ood_aupr(s_in, s_out, positive=positive), want)
+    close(metrics.ood_aupr(s_in, s_out, positive=positive), want)
     sign = 1.0 if positive == "in" else -1.0
     is_in = np.r_[np.ones(101), np.zeros(57)]
     sk = average_precision_score(
@@ -149,8 +139,8 @@ def test_ood_aupr_equals_the_float64_definition_with_ties_and_masks(positive):
             a, b, positive=positive, where_in=wa, where_out=wb
         )
     )
-    _close(fn(s_in, s_out, w_in, w_out), want)
-    _close(
+    close(fn(s_in, s_out, w_in, w_out), want)
+    close(
         metrics.ood_aupr(
             s_in, s_out, positive=positive, where_in=w_in, where_out=w_out
         ),
@@ -159,13 +149,13 @@ def test_ood_aupr_equals_the_float64_definition_with_ties_and_masks(positive):
     # Indistinguishable scores: the share of the positive class.
     flat = np.full(10, 0.5, np.float32)
     share = 10 / 16 if positive == "in" else 6 / 16
-    _close(metrics.ood_aupr(flat, flat[:6], positive=positive), share)
+    close(metrics.ood_aupr(flat, flat[:6], positive=positive), share)
 
 
 def test_ood_accepts_probabilities_as_msp():
     p_in, _ = softmax_case(n=50, seed=7, boost=4.0)
     p_out, _ = softmax_case(n=40, seed=8, boost=0.0)
     expected = ref.ood_auroc(p_in.max(axis=1), p_out.max(axis=1))
-    _close(metrics.ood_auroc(p_in, p_out), expected)
+    close(metrics.ood_auroc(p_in, p_out), expected)
     expected = ref.ood_aupr(p_in.max(axis=1), p_out.max(axis=1))
-    _close(metrics.ood_aupr(p_in, p_out), expected)
+    close(metrics.ood_aupr(p_in, p_out), expected)

@@ -35,6 +35,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 # ---------------------------------------------------------------------------
 # Concreteness
@@ -191,6 +192,24 @@ class ValueSummary(NamedTuple):
     bad_label: jax.Array
 
 
+def count_true(*masks: jax.Array) -> tuple[jax.Array, ...]:
+    """The number of True entries of each bool ``[N]`` mask (traceable).
+
+    One variadic reduction for all masks: on XLA:CPU each separate
+    ``jnp.sum`` over ``N`` rows compiles to its own tree of reductions, so
+    three counts summed apart cost about 3x the compile time and 4x the run
+    time of this single loop (``benchmarks/RESULTS.md``).
+
+    Returns:
+      A tuple of int32 scalars, one per mask.
+    """
+    ops = tuple(m.astype(jnp.int32) for m in masks)
+    zeros = tuple(jnp.zeros((), jnp.int32) for _ in ops)
+    return tuple(
+        lax.reduce(ops, zeros, lambda a, b: tuple(x + y for x, y in zip(a, b)), (0,))
+    )
+
+
 def value_summary(x, labels, where=None, *, row_finite=None) -> ValueSummary:
     """The value checks of ``(x, labels, where)`` as a few scalars (traceable).
 
@@ -214,11 +233,12 @@ def value_summary(x, labels, where=None, *, row_finite=None) -> ValueSummary:
     bad = keep & ~row_finite
     out = keep & ((labels < 0) | (labels >= x.shape[1]))
     first_out = jnp.argmax(out)
+    included, num_bad, num_out = count_true(keep, bad, out)
     return ValueSummary(
-        jnp.sum(keep.astype(jnp.int32)),
-        jnp.sum(bad.astype(jnp.int32)),
+        included,
+        num_bad,
         jnp.argmax(bad),
-        jnp.sum(out.astype(jnp.int32)),
+        num_out,
         first_out,
         labels[first_out] if labels.shape[0] else jnp.zeros((), labels.dtype),
     )

@@ -15,11 +15,13 @@ where :math:`s_{(r)}` is the ``r``-th smallest included confidence
 :math:`R_j`-th smallest is. The bins therefore need only the ``M - 1`` order
 statistics :math:`s_{(R_j - 1)}`, which a radix select on the float32 bit
 patterns gives exactly (non-negative floats order like their bits): three
-passes over 11-, 11- and 10-bit digits, each one scatter-add over the ``N``
-rows into small histograms; no sort, no ``[N, M]`` intermediate.
+passes over 11-bit digits, each one scatter-add over the ``N`` rows into
+small histograms; no sort, no ``[N, M]`` intermediate.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,15 +29,37 @@ from jax import lax
 
 from calib_jax.metrics import _conventions
 
-# Digit widths of the radix passes, most significant first (32 bits in all).
-# Small digits keep the per-pass histograms (and their cumulative sums, which
-# XLA:CPU computes slowly) small: 2048 + 2 x 2048 x (M - 1) counts.
-_WIDTHS = (11, 11, 10)
+# Three passes over 11-bit digits, most significant first (the first digit
+# holds the top 10 bits). Small digits keep the per-pass histograms small
+# (2 x 2048 x (M - 1) counts).
+_WIDTH = 11
+_SHIFTS = (22, 11, 0)
 
 
 def count_below(x: jax.Array, table: jax.Array) -> jax.Array:
     """``#{r : table[r] < x}`` for each entry of ``x`` (``table`` sorted)."""
     return _conventions.count_edges(x, table, strict=True)
+
+
+def _pick_digit(counts, local, unroll):
+    """Per row of ``counts``, the digit holding rank ``local``.
+
+    The digit is the largest ``x`` with ``S(x) = sum(counts[:x]) <= local``
+    (clamped to the last digit), found bit by bit from the top; returns it
+    and ``S(x)``, the count of rows in the digits before it.
+    """
+    r, size = counts.shape
+    digits = lax.broadcasted_iota(jnp.int32, (r, size), 1)
+
+    def step(i, carry):
+        chosen, before = carry
+        cand = chosen | (1 << (_WIDTH - 1 - i))
+        below = jnp.sum(jnp.where(digits < cand[:, None], counts, 0), axis=1)
+        ok = below <= local
+        return jnp.where(ok, cand, chosen), jnp.where(ok, below, before)
+
+    zeros = jnp.zeros((r,), jnp.int32)
+    return lax.fori_loop(0, _WIDTH, step, (zeros, zeros), unroll=unroll)
 
 
 def order_statistics(bits: jax.Array, valid: jax.Array, ranks: jax.Array) -> jax.Array:
@@ -54,36 +78,48 @@ def order_statistics(bits: jax.Array, valid: jax.Array, ranks: jax.Array) -> jax
 
     Returns:
       uint32 ``[R]``.
+
+    On the CPU the passes, and the digit search inside a pass, run as loops,
+    so XLA compiles each body once: about 0.2 s less compilation on a first
+    call at a new shape than unrolled, at the same run time. Elsewhere they
+    are unrolled: the TPU compile of the loops accesses about twice the
+    bytes (``benchmarks/RESULTS.md``).
     """
+    return lax.platform_dependent(
+        bits,
+        valid,
+        ranks,
+        cpu=functools.partial(_radix_select, unroll=1),
+        default=functools.partial(_radix_select, unroll=True),
+    )
+
+
+def _radix_select(bits, valid, ranks, *, unroll):
+    """:func:`order_statistics`, its loops rolled (1) or unrolled (True)."""
     r = ranks.shape[0]
+    size = 1 << _WIDTH
     ones = jnp.ones(bits.shape, jnp.int32)
-    prefix = jnp.zeros((r,), jnp.uint32)  # the digits chosen so far
-    local = ranks  # rank within the rows that share the prefix
-    shift = 32
-    for i, width in enumerate(_WIDTHS):
-        shift -= width
-        size = 1 << width
-        digit = ((bits >> shift) & (size - 1)).astype(jnp.int32)
-        if i == 0:
-            seg = jnp.where(valid, digit, size)
-            hist = jax.ops.segment_sum(ones, seg, size)[None, :]
-            group = jnp.zeros((r,), jnp.int32)
-        else:
-            # Ranks ascend, so prefixes do: a row's group is the first rank
-            # whose prefix is not below the row's high digits.
-            high = bits >> (shift + width)
-            row_group = jnp.minimum(count_below(high, prefix), r - 1)
-            member = valid & (prefix[row_group] == high)
-            seg = jnp.where(member, row_group * size + digit, r * size)
-            hist = jax.ops.segment_sum(ones, seg, r * size).reshape(r, size)
-            group = jnp.searchsorted(prefix, prefix, side="left")
-        counts = hist[group]
-        cum = jnp.cumsum(counts, axis=1)
-        chosen = jax.vmap(lambda c, k: jnp.searchsorted(c, k, side="right"))(cum, local)
-        chosen = jnp.minimum(chosen, size - 1).astype(jnp.int32)
-        pick = lambda a: jnp.take_along_axis(a, chosen[:, None], axis=1)[:, 0]  # noqa: E731
-        local = local - (pick(cum) - pick(counts))
-        prefix = (prefix << width) | chosen.astype(jnp.uint32)
+
+    def one_pass(carry, shift):
+        prefix, local = carry  # digits chosen so far; rank among their rows
+        shifted = bits >> shift.astype(jnp.uint32)
+        digit = (shifted & (size - 1)).astype(jnp.int32)
+        high = shifted >> _WIDTH  # 0 in the first pass, as the empty prefix
+        # Ranks ascend, so prefixes do: a row's group is the first rank whose
+        # prefix is not below the row's high digits.
+        row_group = jnp.minimum(count_below(high, prefix), r - 1)
+        member = valid & (prefix[row_group] == high)
+        seg = jnp.where(member, row_group * size + digit, r * size)
+        hist = jax.ops.segment_sum(ones, seg, r * size).reshape(r, size)
+        group = jnp.sum(prefix[None, :] < prefix[:, None], axis=1)  # first equal
+        chosen, before = _pick_digit(hist[group], local, unroll)
+        prefix = (prefix << _WIDTH) | chosen.astype(jnp.uint32)
+        return (prefix, local - before), None
+
+    init = (jnp.zeros((r,), jnp.uint32), ranks)
+    (prefix, _), _ = lax.scan(
+        one_pass, init, jnp.array(_SHIFTS, jnp.int32), unroll=unroll
+    )
     return prefix
 
 

@@ -114,11 +114,7 @@ def probs_summary(probs, labels, where, sums=None):
     # above 1 + tol makes it exceed 1 + tol (the others are >= 0).
     ok = jnp.abs(sums - 1.0) <= screen
     bad_label = valid & ((labels < 0) | (labels >= k))
-    return (
-        jnp.sum(valid.astype(jnp.int32)),
-        jnp.sum((valid & ~ok).astype(jnp.int32)),
-        jnp.sum(bad_label.astype(jnp.int32)),
-    )
+    return _checks.count_true(valid, valid & ~ok, bad_label)
 
 
 _summary_jit = jax.jit(probs_summary)

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from calib_jax.losses._au_pxtau import au_pxtau, au_pxtau_update_hist, au_pxtau_weights
+from calib_jax.losses._au_pxtau import au_pxtau, au_pxtau_weights
+from calib_jax.losses._au_pxtau_hist import au_pxtau_update_hist
 from calib_jax.losses._aurc import aurc
 from calib_jax.losses._avuc import avuc, avuc_gs, s_avuc, soft_uncertainty
 from calib_jax.losses._compose import bind, compose
@@ -39,7 +40,11 @@ from calib_jax.losses._margin import acls, acls_logit_grad, mbls
 from calib_jax.losses._mdca import mdca
 from calib_jax.losses._mmce import mmce
 from calib_jax.losses._primary import brier, cross_entropy, label_smoothing
-from calib_jax.losses._soft_ece import sb_ece, soft_bin_membership
+from calib_jax.losses._soft_ece import (
+    sb_ece,
+    sb_ece_from_confidences,
+    soft_bin_membership,
+)
 
 # name -> function. Per-example primary losses and regularizers return [B];
 # the names in BATCH_LEVEL return a scalar over the batch.
@@ -137,6 +142,7 @@ __all__ = [
     "softmax_margin",
     "au_pxtau_weights",
     "au_pxtau_update_hist",
+    "sb_ece_from_confidences",
     "soft_bin_membership",
     "soft_uncertainty",
 ]

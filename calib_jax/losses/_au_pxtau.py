@@ -1,4 +1,4 @@
-r"""AU_Pxτ, the selective AURC over the low-confidence region, and its state API.
+r"""AU_Pxτ, the selective AURC over the low-confidence region.
 
 A batch-level reweighted risk
 
@@ -9,7 +9,9 @@ A batch-level reweighted risk
 
 whose weights :math:`\beta_i` come from a smoothed, bin-based CDF of the
 confidence scores :math:`g(z_i)` (Zhou et al. 2025, Eqs. (10)–(17)); no sort.
-:func:`au_pxtau_update_hist` threads the histogram across batches.
+``_au_pxtau_hist.py`` holds the histogram side: the smoothed CDF of
+Eq. (15), the coverage threshold, and the running-histogram state
+(:func:`au_pxtau_update_hist`) that threads the CDF across batches.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax.losses import _released
+from calib_jax.losses._au_pxtau_hist import coverage_threshold, log_survival
 from calib_jax.losses._confidence import (
     bin_edges,
     check_csf,
@@ -44,35 +47,6 @@ from calib_jax.losses._validation_base import (
 _DEFAULT_COVERAGE = 0.9
 
 
-def _coverage_threshold(hist, edges, coverage) -> jax.Array:
-    """τ such that a fraction ``coverage`` of the histogram mass lies below it.
-
-    The quantile of the histogram, linearly interpolated inside its bin (no sort).
-    """
-    num_bins = hist.shape[0]
-    cum = jnp.cumsum(hist)
-    target = coverage * cum[-1]
-    k = jnp.minimum(jnp.sum(cum < target), num_bins - 1)
-    below = cum[k] - hist[k]
-    frac = jnp.clip((target - below) / jnp.maximum(hist[k], 1e-30), 0.0, 1.0)
-    return edges[k] + frac * (edges[k + 1] - edges[k])
-
-
-def _log_survival(score, hist, centres, nu) -> jax.Array:
-    r"""``log(1 - Ĝ_ν(score))`` of Eq. (15), computed in log space, ``[B]``.
-
-    :math:`1 - \hat G_\nu(s) = \frac{1}{n}\sum_k h_k\,\sigma((c_k - s)/\nu)`, so
-    ``log_sigmoid`` and a weighted logsumexp give it without cancellation or
-    underflow.
-    """
-    n = jnp.maximum(jnp.sum(hist), 1.0)
-    a = jax.nn.log_sigmoid((centres[None, :] - score[:, None]) / nu)
-    occupied = hist > 0
-    log_h = jnp.log(jnp.where(occupied, hist, 1.0))
-    a = jnp.where(occupied[None, :], a + log_h[None, :], -jnp.inf)
-    return jax.nn.logsumexp(a, axis=-1) - jnp.log(n)
-
-
 def _au_weights(logits, mask, *, num_bins, nu, tau, coverage, csf, hist, rows=None):
     """Shared core of au_pxtau / au_pxtau_weights; returns ``beta [B]``."""
     dtype = logits.dtype
@@ -88,12 +62,12 @@ def _au_weights(logits, mask, *, num_bins, nu, tau, coverage, csf, hist, rows=No
         counts = lax.stop_gradient(jnp.asarray(hist, dtype))
     if tau is None:
         thr = lax.stop_gradient(
-            _coverage_threshold(counts, edges, jnp.asarray(coverage, dtype))
+            coverage_threshold(counts, edges, jnp.asarray(coverage, dtype))
         )
     else:
         thr = jnp.asarray(tau, dtype)
-    log_surv = _log_survival(score, counts, centres, nu)
-    log_surv_tau = _log_survival(thr[None], counts, centres, nu)[0]
+    log_surv = log_survival(score, counts, centres, nu)
+    log_surv_tau = log_survival(thr[None], counts, centres, nu)[0]
     # Eq. (16): rank-based weights below τ, one common weight at and above τ.
     beta = -jnp.where(score < thr, log_surv, log_surv_tau)
     return jnp.where(mask, beta, 0.0)
@@ -392,82 +366,6 @@ def _au_pxtau_weights(
         hist=hist,
     )
     return beta if weight_grad else lax.stop_gradient(beta)
-
-
-def au_pxtau_update_hist(
-    hist: jax.typing.ArrayLike,
-    logits: jax.typing.ArrayLike,
-    *,
-    csf: str = "msp",
-    decay: jax.typing.ArrayLike = 1.0,
-    variant: str = "paper",
-    where: jax.typing.ArrayLike | None = None,
-) -> jax.Array:
-    r"""Adds a batch's confidence-score counts to a running AU_Pxτ histogram.
-
-    .. math::
-
-        h^{\text{new}}_k = \text{decay}\cdot h_k + \sum_{i} 1[e_k \le g_i < e_{k+1}]
-
-    (Eq. (14) of [1] for the batch, with the bins of :func:`au_pxtau`). Start
-    from ``jnp.zeros(num_bins)``; ``decay=1`` accumulates plain counts (reset the
-    state when the CDF should forget, e.g. every epoch), ``decay < 1`` keeps an
-    exponential moving histogram. Call it *before* :func:`au_pxtau` on the same
-    batch and pass its result as ``hist``, as Algorithm 1 (line 4) of [1] updates
-    the CDF before computing the weights. The counts carry no gradient.
-
-    Args:
-      hist: float ``[M]`` running counts; ``M`` sets the number of bins.
-      logits: float ``[B, K]`` unnormalised log-probabilities.
-      csf: static str, ``'msp'``, ``'neg_entropy'`` or ``'softmax_margin'``.
-      decay: factor in [0, 1] applied to ``hist`` before adding the batch.
-      variant: static str; ``'released_code'`` counts the released score
-        (see :func:`au_pxtau`) in equal-width bins on [0, 1].
-      where: optional bool ``[B]``; ``False`` rows are not counted.
-
-    Returns:
-      float32 ``[M]``, the updated counts (global over a data-sharded batch).
-
-    References:
-      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration", 2025,
-      Eq. (14) and Algorithm 1.
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> h = au_pxtau_update_hist(jnp.zeros(4), jnp.array([[0.0, 0.0], [5.0, 0.0]]))
-      >>> print(h.tolist())
-      [0.0, 0.0, 1.0, 1.0]
-    """
-    csf = check_csf(csf)
-    variant = check_variant(variant)
-    check_unit_interval("decay", decay, closed_left=True)
-    if variant == "released_code" and (
-        isinstance(decay, jax.core.Tracer) or float(decay) != 1.0
-    ):
-        reject(
-            "au_pxtau_update_hist",
-            f"decay={decay!r} (its histogram adds plain counts and is reset every "
-            "epoch: pass decay=1 and zero the state)",
-        )
-    hist = jnp.asarray(hist)
-    if hist.ndim != 1 or hist.shape[0] < 1:
-        raise ValueError(f"hist must have shape [num_bins], got {hist.shape}.")
-    logits = check_logits(logits)
-    mask = valid_mask(where, logits.shape[0])
-    return _update_hist(hist, logits, mask, decay, csf=csf, variant=variant)
-
-
-@functools.partial(jax.jit, static_argnames=("csf", "variant"))
-def _update_hist(hist, logits, mask, decay, *, csf, variant):
-    logits = zero_excluded_logits(logits, mask)
-    if variant == "released_code":
-        score = _released.au_score(logits, csf)
-        edges = _released.au_edges(hist.shape[0], logits.dtype)
-    else:
-        score = csf_score(csf, row_stats(logits, **csf_flags(csf)))
-        edges = bin_edges(csf, logits.shape[-1], hist.shape[0], logits.dtype)
-    counts = histogram(score, mask, edges)
-    return jnp.asarray(decay, counts.dtype) * hist.astype(counts.dtype) + counts
 
 
 def _released_counts(score, mask, hist, num_bins):

@@ -222,7 +222,11 @@ def sb_ece_from_confidences(
 
     Everything :func:`sb_ece` computes after the softmax: the soft binning of
     Eqs. (8)-(12) of [1] on ``[B]`` vectors (``O(B M)``). Derivatives flow
-    through ``conf`` only. No argument checks: callers validate.
+    through ``conf`` only. A traceable building block, like
+    :func:`soft_bin_membership`, for confidences computed another way (the
+    SB-ECE objective of ``posthoc.fit_temperature`` evaluates it on the
+    confidences of :math:`z/T`): only ``kind`` is checked; the values are
+    the caller's to validate.
 
     Args:
       conf: float ``[B]`` top-label confidences :math:`c_i`.
@@ -239,7 +243,18 @@ def sb_ece_from_confidences(
     References:
       [1] A. Karandikar et al., "Soft Calibration Objectives for Neural
       Networks", NeurIPS 2021, Eqs. (8)-(12).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> conf = jnp.array([0.9, 0.8, 0.6, 0.95])
+      >>> correct = jnp.array([1.0, 0.0, 1.0, 1.0])
+      >>> mask = jnp.ones(4, bool)
+      >>> v = sb_ece_from_confidences(conf, correct, mask, 0.01, 2, num_bins=5, kind="lb")
+      >>> print(f"{float(v):.4f}")
+      0.2014
     """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
     dtype = conf.dtype
     acc = correct.astype(dtype)
     p = jnp.asarray(p, dtype)

@@ -1,4 +1,4 @@
-"""AU_Pxτ: weights, identities, histogram threading and validation."""
+"""AU_Pxτ: weights, identities, the loss with a threaded histogram, validation."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from _selective_helpers import ce as _ce
 from _selective_helpers import scores as _scores
 
 from calib_jax import losses
-from calib_jax.losses._au_pxtau import au_pxtau, au_pxtau_update_hist, au_pxtau_weights
+from calib_jax.losses._au_pxtau import au_pxtau, au_pxtau_weights
+from calib_jax.losses._au_pxtau_hist import au_pxtau_update_hist
 
 
 @pytest.mark.parametrize(
@@ -155,24 +156,6 @@ def test_hist_threading_equals_weighting_with_the_pooled_histogram():
     )
 
 
-def test_update_hist_counts_decay_and_mask():
-    logits = np.array([[0.0, 0.0], [5.0, 0.0], [0.2, 0.0], [9.0, 0.0]], np.float32)
-    # MSP = 0.5, 0.993, 0.55, 0.9999 in 4 bins of width 0.25.
-    counts = au_pxtau_update_hist(jnp.zeros(4), logits)
-    np.testing.assert_array_equal(counts, [0, 0, 2, 2])
-    decayed = au_pxtau_update_hist(counts, logits, decay=0.5)
-    np.testing.assert_array_equal(decayed, [0, 0, 3, 3])
-    mask = jnp.asarray([True, False, True, False])
-    np.testing.assert_array_equal(
-        au_pxtau_update_hist(jnp.zeros(4), logits, where=mask), [0, 0, 2, 0]
-    )
-    # The top of the range (MSP == 1) falls in the last, closed bin.
-    top = au_pxtau_update_hist(jnp.zeros(4), np.array([[1e4, 0.0]], np.float32))
-    np.testing.assert_array_equal(top, [0, 0, 0, 1])
-    ent = au_pxtau_update_hist(jnp.zeros(2), logits, csf="neg_entropy")
-    np.testing.assert_array_equal(ent, [2, 2])  # entropies 0.69, 0.04, 0.69, 0.001
-
-
 @pytest.mark.parametrize(
     "kw, match",
     [
@@ -190,11 +173,3 @@ def test_au_pxtau_invalid_arguments_raise(kw, match):
     logits, labels = _batch(11, b=8)
     with pytest.raises(ValueError, match=match):
         au_pxtau(logits, labels, **kw)
-
-
-def test_update_hist_invalid_arguments_raise():
-    logits, _ = _batch(12, b=8)
-    with pytest.raises(ValueError, match="decay"):
-        au_pxtau_update_hist(jnp.zeros(4), logits, decay=1.5)
-    with pytest.raises(ValueError, match="hist"):
-        au_pxtau_update_hist(jnp.zeros((2, 2)), logits)

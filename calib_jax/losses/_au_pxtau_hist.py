@@ -1,0 +1,138 @@
+r"""AU_Pxτ's histogram: the smoothed CDF, its quantile, and the running state.
+
+The weights of AU_Pxτ (Zhou et al. 2025) read the confidence scores through a
+histogram (Eq. (14)) smoothed by sigmoids (Eq. (15)). Here are the CDF's log
+survival function, the coverage quantile that sets τ, and
+:func:`au_pxtau_update_hist`: Algorithm 1 updates the histogram with every
+batch before weighting it; the update is pure, for a state the caller threads
+through its loop and passes to :func:`~calib_jax.losses.au_pxtau` as ``hist``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from calib_jax.losses import _released
+from calib_jax.losses._confidence import (
+    bin_edges,
+    check_csf,
+    csf_flags,
+    csf_score,
+    histogram,
+)
+from calib_jax.losses._kernel_base import row_stats, zero_excluded_logits
+from calib_jax.losses._validation_base import (
+    check_logits,
+    check_unit_interval,
+    check_variant,
+    reject,
+    valid_mask,
+)
+
+
+def coverage_threshold(hist, edges, coverage) -> jax.Array:
+    """τ such that a fraction ``coverage`` of the histogram mass lies below it.
+
+    The quantile of the histogram, linearly interpolated inside its bin (no sort).
+    """
+    num_bins = hist.shape[0]
+    cum = jnp.cumsum(hist)
+    target = coverage * cum[-1]
+    k = jnp.minimum(jnp.sum(cum < target), num_bins - 1)
+    below = cum[k] - hist[k]
+    frac = jnp.clip((target - below) / jnp.maximum(hist[k], 1e-30), 0.0, 1.0)
+    return edges[k] + frac * (edges[k + 1] - edges[k])
+
+
+def log_survival(score, hist, centres, nu) -> jax.Array:
+    r"""``log(1 - Ĝ_ν(score))`` of Eq. (15), computed in log space, ``[B]``.
+
+    :math:`1 - \hat G_\nu(s) = \frac{1}{n}\sum_k h_k\,\sigma((c_k - s)/\nu)`, so
+    ``log_sigmoid`` and a weighted logsumexp give it without cancellation or
+    underflow.
+    """
+    n = jnp.maximum(jnp.sum(hist), 1.0)
+    a = jax.nn.log_sigmoid((centres[None, :] - score[:, None]) / nu)
+    occupied = hist > 0
+    log_h = jnp.log(jnp.where(occupied, hist, 1.0))
+    a = jnp.where(occupied[None, :], a + log_h[None, :], -jnp.inf)
+    return jax.nn.logsumexp(a, axis=-1) - jnp.log(n)
+
+
+def au_pxtau_update_hist(
+    hist: jax.typing.ArrayLike,
+    logits: jax.typing.ArrayLike,
+    *,
+    csf: str = "msp",
+    decay: jax.typing.ArrayLike = 1.0,
+    variant: str = "paper",
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Adds a batch's confidence-score counts to a running AU_Pxτ histogram.
+
+    .. math::
+
+        h^{\text{new}}_k = \text{decay}\cdot h_k + \sum_{i} 1[e_k \le g_i < e_{k+1}]
+
+    (Eq. (14) of [1] for the batch, with the bins of :func:`au_pxtau`). Start
+    from ``jnp.zeros(num_bins)``; ``decay=1`` accumulates plain counts (reset the
+    state when the CDF should forget, e.g. every epoch), ``decay < 1`` keeps an
+    exponential moving histogram. Call it *before* :func:`au_pxtau` on the same
+    batch and pass its result as ``hist``, as Algorithm 1 (line 4) of [1] updates
+    the CDF before computing the weights. The counts carry no gradient.
+
+    Args:
+      hist: float ``[M]`` running counts; ``M`` sets the number of bins.
+      logits: float ``[B, K]`` unnormalised log-probabilities.
+      csf: static str, ``'msp'``, ``'neg_entropy'`` or ``'softmax_margin'``.
+      decay: factor in [0, 1] applied to ``hist`` before adding the batch.
+      variant: static str; ``'released_code'`` counts the released score
+        (see :func:`au_pxtau`) in equal-width bins on [0, 1].
+      where: optional bool ``[B]``; ``False`` rows are not counted.
+
+    Returns:
+      float32 ``[M]``, the updated counts (global over a data-sharded batch).
+
+    References:
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration", 2025,
+      Eq. (14) and Algorithm 1.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> h = au_pxtau_update_hist(jnp.zeros(4), jnp.array([[0.0, 0.0], [5.0, 0.0]]))
+      >>> print(h.tolist())
+      [0.0, 0.0, 1.0, 1.0]
+    """
+    csf = check_csf(csf)
+    variant = check_variant(variant)
+    check_unit_interval("decay", decay, closed_left=True)
+    if variant == "released_code" and (
+        isinstance(decay, jax.core.Tracer) or float(decay) != 1.0
+    ):
+        reject(
+            "au_pxtau_update_hist",
+            f"decay={decay!r} (its histogram adds plain counts and is reset every "
+            "epoch: pass decay=1 and zero the state)",
+        )
+    hist = jnp.asarray(hist)
+    if hist.ndim != 1 or hist.shape[0] < 1:
+        raise ValueError(f"hist must have shape [num_bins], got {hist.shape}.")
+    logits = check_logits(logits)
+    mask = valid_mask(where, logits.shape[0])
+    return _update_hist(hist, logits, mask, decay, csf=csf, variant=variant)
+
+
+@functools.partial(jax.jit, static_argnames=("csf", "variant"))
+def _update_hist(hist, logits, mask, decay, *, csf, variant):
+    logits = zero_excluded_logits(logits, mask)
+    if variant == "released_code":
+        score = _released.au_score(logits, csf)
+        edges = _released.au_edges(hist.shape[0], logits.dtype)
+    else:
+        score = csf_score(csf, row_stats(logits, **csf_flags(csf)))
+        edges = bin_edges(csf, logits.shape[-1], hist.shape[0], logits.dtype)
+    counts = histogram(score, mask, edges)
+    return jnp.asarray(decay, counts.dtype) * hist.astype(counts.dtype) + counts

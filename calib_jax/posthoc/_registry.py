@@ -332,7 +332,7 @@ def fit(
     _validate.check_inputs(logits, labels, where, values=False)
     _check_options(name, kwargs)
     try:
-        with _validate.quiet_fit_warnings():
+        with _validate.quiet_fit_warnings() as diagnostics:
             cal = fitter(logits, labels, where=where, **kwargs)
     except TypeError as err:
         if "unexpected keyword argument" in str(err):
@@ -340,12 +340,15 @@ def fit(
                 f"unknown option for calibrator {name!r}: {err}."
             ) from None
         raise
+    accuracy, simplex = diagnostics.get((logits, labels, where))
     _validate.warn_if_suspicious(
         logits,
         labels,
         where,
         name=f"calibrator {name!r}",
         temperatures=fitted_temperatures(cal.params),
+        accuracy=accuracy,
+        simplex=simplex,
     )
     return cal
 

@@ -17,8 +17,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from calib_jax import _checks, kernels
-from calib_jax.posthoc import _blocked, _core, _validate
+from calib_jax import _checks, kernels, losses, metrics
+from calib_jax.posthoc import _blocked, _calibrator, _core, _validate
 
 OBJECTIVES = ("nll", "sb_ece", "hb_ece", "ece_grid")
 
@@ -210,17 +210,29 @@ def fit_temperature(
     """
     _checks.check_choice("objective", objective, OBJECTIVES)
     fused = objective == "nll" and _checks.is_concrete(logits, labels, where)
+    inputs = (logits, labels, where)
     logits, labels, where = _validate.check_inputs(
         logits, labels, where, values=not fused
     )
     if fused:
-        # One compiled call: the fit and the value summary of its inputs.
+        # One compiled call: the fit, the value summary of its inputs and the
+        # fit warning's diagnostics.
         max_iter = _checks.check_positive_int("max_iter", max_iter)
         _checks.check_positive_int("num_bins", num_bins)
-        t, summary = _fit_nll_checked(logits, labels, where, tol, max_iter=max_iter)
+        t, summary, (accuracy, exact, simplex) = _fit_nll_checked(
+            logits, labels, where, tol, max_iter=max_iter
+        )
         _validate.raise_for_screen(summary, logits, labels, where)
+        accuracy = accuracy if bool(exact) else None
+        _validate.report_diagnostics(inputs, accuracy, simplex)
         _validate.warn_if_suspicious(
-            logits, labels, where, name="fit_temperature", temperatures=t
+            logits,
+            labels,
+            where,
+            name="fit_temperature",
+            temperatures=t,
+            accuracy=accuracy,
+            simplex=simplex,
         )
         return t
     t = _dispatch(
@@ -391,11 +403,37 @@ def _fit_nll(logits, labels, where, tol, *, max_iter):
     return jnp.exp(u).astype(jnp.float32)
 
 
+def _nll_fit_diagnostics(logits, labels, where):
+    """``(accuracy, exact, simplex)`` for the fit warning, from the NLL fit's
+    own row maxima (traceable).
+
+    The accuracy counts rows whose label logit equals the row maximum; that
+    is the arg-max accuracy unless such a row has another entry at its
+    maximum. One blocked pass at :math:`s` = the largest float (every entry
+    below the maximum contributes 0 to :math:`S_n(s)`, every entry at it 1)
+    finds those rows without an arg-max over ``[N, K]`` (which costs about
+    5x that pass on XLA:CPU); ``exact`` is False when there is one, and the
+    host then computes the arg-max accuracy instead.
+    """
+    z, labels, w = _core.canonical(logits, labels, where)
+    m = jnp.max(z, axis=-1)
+    mask = w > 0
+    at_max = mask & (_core.pick(z, labels) == m)
+    big = jnp.asarray(jnp.finfo(z.dtype).max, z.dtype)
+    tied = _blocked.exp_sums(z, m, big, with_w=False) >= 1.5
+    accuracy = jnp.sum(at_max) / jnp.maximum(jnp.sum(mask), 1)
+    exact = ~jnp.any(at_max & tied)
+    mask = jnp.ones(labels.shape, bool) if where is None else where
+    return accuracy, exact, _validate.simplex_rows(logits, mask)
+
+
 @jax.jit
 def _fit_nll_checked(logits, labels, where, tol, *, max_iter):
-    """:func:`_fit_nll` and :func:`_validate.screen_summary` in one program."""
+    """:func:`_fit_nll`, :func:`_validate.screen_summary` and
+    :func:`_nll_fit_diagnostics` in one program."""
     t = _fit_nll(logits, labels, where, tol, max_iter=max_iter)
-    return t, _validate.screen_summary(logits, labels, where)
+    summary = _validate.screen_summary(logits, labels, where)
+    return t, summary, _nll_fit_diagnostics(logits, labels, where)
 
 
 # ---------------------------------------------------------------------------
@@ -461,8 +499,6 @@ def sb_ece_objective(logits, labels, where, *, num_bins, temperature, p, kind):
     Returns:
       A scalar function of :math:`u = \log T`, differentiable in ``u``.
     """
-    from calib_jax.losses._soft_ece import sb_ece_from_confidences
-
     z = jax.lax.stop_gradient(logits)
     m = jnp.max(z, axis=-1)
     correct = (jnp.argmax(z, axis=-1) == labels).astype(z.dtype)
@@ -477,7 +513,7 @@ def sb_ece_objective(logits, labels, where, *, num_bins, temperature, p, kind):
             z,
             m,
         )
-        return sb_ece_from_confidences(
+        return losses.sb_ece_from_confidences(
             conf, correct, mask, temperature, p, num_bins=num_bins, kind=kind
         )
 
@@ -513,14 +549,12 @@ def _fit_sb_ece(
 
 def _hard_ece_of_log_t(z, labels, where, *, num_bins, p, convention):
     """``u -> hard top-label ECE of softmax(z / exp(u))`` (jittable)."""
-    from calib_jax.metrics import BinnedStats
-
     m = jnp.max(z, axis=-1)
     correct = jnp.argmax(z, axis=-1) == labels  # the library's correctness rule
 
     def ece(u):
         conf = _blocked.top_confidence(z, m, jnp.exp(-u))
-        stats = BinnedStats.from_confidences(
+        stats = metrics.BinnedStats.from_confidences(
             conf, correct, num_bins=num_bins, convention=convention, where=where
         )
         return stats.compute(p)
@@ -575,7 +609,6 @@ def apply_ts_params(params, logits):
 
 def ts_method(*, max_iter: int = 100, tol: float = 1e-6):
     """TS with the NLL objective as a :class:`~calib_jax.posthoc._calibrator.Method`."""
-    from calib_jax.posthoc._calibrator import Method
 
     def init(logits, labels, weights, key):
         del labels, weights, key
@@ -586,4 +619,4 @@ def ts_method(*, max_iter: int = 100, tol: float = 1e-6):
         u = fit_log_t_nll(logits, labels, weights, u0, max_iter=budget, tol=tol)
         return {"temperature": jnp.exp(u)}
 
-    return Method("ts", init, train, apply_ts_params, max_iter, True)
+    return _calibrator.Method("ts", init, train, apply_ts_params, max_iter, True)

@@ -134,18 +134,53 @@ class SuspiciousFitWarning(UserWarning):
     rows are probability vectors rather than logits."""
 
 
-_QUIET = contextvars.ContextVar("calib_jax_posthoc_quiet", default=False)
+class _Diagnostics:
+    """Fit diagnostics reported inside :func:`quiet_fit_warnings`, by inputs.
+
+    A fitter that computed the validation accuracy and the simplex flag in
+    its own compiled call reports them for the exact input objects it was
+    given; ``posthoc.fit`` reuses them for the same objects instead of
+    reading the logits again.
+    """
+
+    def __init__(self):
+        self._entries = []
+
+    def put(self, inputs, accuracy, simplex):
+        self._entries.append((inputs, accuracy, simplex))
+
+    def get(self, inputs):
+        """``(accuracy, simplex)`` reported for these very objects, or Nones."""
+        for seen, accuracy, simplex in self._entries:
+            if len(seen) == len(inputs) and all(a is b for a, b in zip(seen, inputs)):
+                return accuracy, simplex
+        return None, None
+
+
+_QUIET = contextvars.ContextVar("calib_jax_posthoc_quiet", default=None)
 
 
 @contextlib.contextmanager
 def quiet_fit_warnings():
     """Silences :func:`warn_if_suspicious` inside (``posthoc.fit`` warns once
-    for the whole calibrator instead of once per inner fitter)."""
-    token = _QUIET.set(True)
+    for the whole calibrator instead of once per inner fitter); yields the
+    diagnostics the inner fitters reported (:func:`report_diagnostics`)."""
+    diagnostics = _Diagnostics()
+    token = _QUIET.set(diagnostics)
     try:
-        yield
+        yield diagnostics
     finally:
         _QUIET.reset(token)
+
+
+def report_diagnostics(inputs, accuracy, simplex) -> None:
+    """Records the validation accuracy (None: not computed) and simplex flag
+    a fitter computed for ``inputs`` (the caller's ``(logits, labels, where)``
+    objects) for the enclosing :func:`quiet_fit_warnings`; nothing outside
+    one."""
+    diagnostics = _QUIET.get()
+    if diagnostics is not None:
+        diagnostics.put(inputs, accuracy, simplex)
 
 
 # Rows checked for "probabilities passed as logits" (the first ones): real
@@ -154,7 +189,7 @@ _SIMPLEX_ROWS = 1024
 
 
 @jax.jit
-def _simplex_rows(logits, where):
+def simplex_rows(logits, where):
     """Whether the first included rows all look like probability vectors."""
     logits, where = logits[:_SIMPLEX_ROWS], where[:_SIMPLEX_ROWS]
     simplex = (jnp.min(logits, axis=-1) >= 0) & (
@@ -170,7 +205,7 @@ def _accuracy(logits, labels, where):
 
 
 def suspicious_fit_message(
-    logits, labels, where=None, temperatures=None, accuracy=None
+    logits, labels, where=None, temperatures=None, accuracy=None, simplex=None
 ):
     """The reasons a fit looks wrong, joined in one line, or None.
 
@@ -181,16 +216,23 @@ def suspicious_fit_message(
       temperatures: optional fitted temperature(s), scalar or array.
       accuracy: the validation accuracy if the fitter already has it (saves
         an arg-max pass).
+      simplex: whether the first rows look like probabilities, if the fitter
+        already has it (:func:`simplex_rows`).
     """
-    logits = jnp.asarray(logits)
-    labels = jnp.asarray(labels)
-    k = logits.shape[-1]
-    mask = jnp.ones(labels.shape, bool) if where is None else jnp.asarray(where, bool)
+    k = np.shape(logits)[-1]
+    if accuracy is None or simplex is None:
+        logits = jnp.asarray(logits)
+        labels = jnp.asarray(labels)
+        mask = (
+            jnp.ones(labels.shape, bool) if where is None else jnp.asarray(where, bool)
+        )
+        if accuracy is None:
+            accuracy = _accuracy(logits, labels, mask)
+        if simplex is None:
+            simplex = simplex_rows(logits, mask)
     parts = []
-    if accuracy is None:
-        accuracy = _accuracy(logits, labels, mask)
     acc = float(accuracy)
-    if bool(_simplex_rows(logits, mask)):
+    if bool(simplex):
         parts.append(
             "the rows are non-negative and sum to 1: these look like "
             "probabilities, not logits (pass logits, or log-probabilities)"
@@ -219,7 +261,14 @@ def suspicious_fit_message(
 
 
 def warn_if_suspicious(
-    logits, labels, where=None, *, name, temperatures=None, accuracy=None
+    logits,
+    labels,
+    where=None,
+    *,
+    name,
+    temperatures=None,
+    accuracy=None,
+    simplex=None,
 ):
     """Warns (:class:`SuspiciousFitWarning`, one line) when a fit looks wrong.
 
@@ -232,9 +281,13 @@ def warn_if_suspicious(
       name: what was fitted, first in the message (e.g. ``'fit_temperature'``).
       temperatures: optional fitted temperature(s).
       accuracy: optional validation accuracy already computed by the fitter.
+      simplex: optional simplex flag already computed by the fitter
+        (:func:`simplex_rows`).
     """
-    if _QUIET.get() or not is_concrete(logits, labels, where, temperatures):
+    if _QUIET.get() is not None or not is_concrete(logits, labels, where, temperatures):
         return
-    message = suspicious_fit_message(logits, labels, where, temperatures, accuracy)
+    message = suspicious_fit_message(
+        logits, labels, where, temperatures, accuracy, simplex
+    )
     if message:
         warnings.warn(f"{name}: {message}.", SuspiciousFitWarning, stacklevel=3)

@@ -257,3 +257,52 @@ def test_sane_fits_do_not_warn():
             posthoc.fit(name, z, y)
         posthoc.fit("platt", zb, yb)
         jax.jit(posthoc.fit_temperature)(z, np.roll(y, 1))  # traced: no check
+
+
+def _message_accuracy(text):
+    return float(text.split("validation accuracy ")[1].split(" ")[0])
+
+
+def test_fused_fit_accuracy_is_the_argmax_accuracy_and_reused(monkeypatch):
+    from calib_jax.posthoc import _validate
+
+    z, y = overconfident(3000, 10, seed=4, scale=5.0)
+    shift = np.random.default_rng(1).integers(1, 10, len(y))
+    y_bad = ((z.argmax(1) + shift) % 10).astype(np.int32)
+    y_bad[:150] = z[:150].argmax(1)  # accuracy 0.05 < 1/K
+    want = float(np.mean(z.argmax(1) == y_bad))
+    calls = []
+    real = _validate._accuracy
+    monkeypatch.setattr(_validate, "_accuracy", lambda *a: calls.append(1) or real(*a))
+    for fit in (posthoc.fit_temperature, lambda *a: posthoc.fit("ts", *a)):
+        with pytest.warns(posthoc.SuspiciousFitWarning, match="below chance") as rec:
+            fit(z, y_bad)
+        (w,) = rec
+        assert _message_accuracy(str(w.message)) == pytest.approx(want, abs=5e-5)
+    # Both computed it inside the fit's compiled call: no second arg-max pass.
+    assert calls == []
+
+
+def test_fused_fit_accuracy_breaks_ties_at_the_first_maximum(monkeypatch):
+    # Rows whose label ties with an earlier entry at the row maximum count as
+    # wrong (arg-max takes the first), as in the unfused check.
+    from calib_jax.posthoc import _validate
+
+    rng = np.random.default_rng(2)
+    n, k = 1000, 10
+    z = rng.normal(size=(n, k)).astype(np.float32)
+    y = z.argmax(1).astype(np.int32)
+    top = z[:950].max(1)
+    z[:950, 0] = z[:950, 9] = top  # the label 9 ties with the first maximum
+    y[:950] = 9
+    want = float(np.mean(z.argmax(1) == y))
+    assert want < 1.0 / k
+    calls = []
+    real = _validate._accuracy
+    monkeypatch.setattr(_validate, "_accuracy", lambda *a: calls.append(1) or real(*a))
+    with pytest.warns(posthoc.SuspiciousFitWarning, match="below chance") as rec:
+        posthoc.fit("ts", z, y)
+    assert any(
+        _message_accuracy(str(w.message)) == pytest.approx(want, abs=5e-5) for w in rec
+    )
+    assert calls == [1]  # the tie sent it to the exact arg-max

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from calib_jax import metrics
+from calib_jax import metrics, storage
 
 # The greyed-out bins of a reliability diagram (fewer than min_count samples).
 LOW_COUNT_COLOR = "#d9d9d9"
@@ -42,8 +42,6 @@ def _distinct_colors(ax, n: int) -> None:
 def _save(fig, path: str | os.PathLike | None) -> None:
     """Writes ``fig`` as a PNG to a local path or a ``gs://`` URL."""
     if path is not None:
-        from calib_jax import storage
-
         buf = io.BytesIO()
         fig.savefig(buf, format="png", bbox_inches="tight")
         storage.write_bytes(storage.as_path(path, what="path"), buf.getvalue())

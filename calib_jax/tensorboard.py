@@ -30,7 +30,7 @@ import numpy as np
 from etils import epath
 from ml_collections import ConfigDict
 
-from calib_jax import storage
+from calib_jax import plots, storage
 
 DIRNAME = "tensorboard"
 
@@ -244,8 +244,6 @@ class Writer:
         """
         if jax.process_index() != 0:
             return
-        from calib_jax import plots  # matplotlib, imported only here
-
         probs = jax.nn.softmax(np.asarray(logits, np.float32), axis=-1)
         fig = plots.reliability_diagram(probs, np.asarray(labels), **kwargs)
         self.image(tag, step, fig)

@@ -136,3 +136,86 @@ def test_the_base_modules_exist_and_the_page_names_them():
     for base in BASES:
         assert _is_module(base), base
         assert base.replace(".", "/") + ".py" in page, base
+
+
+def _package(module: str) -> str:
+    """The package a private module belongs to: the name before its first
+    underscore component (``calib_jax.posthoc._validate`` ->
+    ``calib_jax.posthoc``), or None for a public module."""
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if _private(part):
+            return ".".join(parts[:i])
+    return None
+
+
+def test_no_module_imports_a_private_module_of_another_package():
+    taken = []
+    for module, imported, _, line in _imports():
+        owner = _package(imported)
+        if owner is None or imported in BASES:
+            continue
+        if module != owner and not module.startswith(owner + "."):
+            taken.append(f"{module}:{line} imports {imported}")
+    assert taken == []
+
+
+# Imports of calib_jax inside a function, each with its reason; every other
+# import of the package goes at the top of its file.
+LAZY = {
+    # Command lines: the heavy modules load after absl has parsed the flags,
+    # so a wrong flag fails at once.
+    ("calib_jax.benchmark.__main__", "calib_jax.benchmark.runner"),
+    ("calib_jax.benchmark.__main__", "calib_jax.train.checkpoint"),
+    ("calib_jax.evaluate.__main__", "calib_jax.evaluate._run"),
+    ("calib_jax.train.__main__", "calib_jax.train.checkpoint"),
+    ("calib_jax.train.__main__", "calib_jax.train.loop"),
+    # Configs import these modules: they must not pull in JAX.
+    ("calib_jax.objectives", "calib_jax.losses"),
+    ("calib_jax.benchmark.grid", "calib_jax.posthoc"),
+    # Import cycles: the package's __init__ imports the module.
+    ("calib_jax.metrics._bootstrap", "calib_jax.metrics"),
+    ("calib_jax.posthoc._calibrator", "calib_jax.posthoc._persist"),
+    ("calib_jax.posthoc._persist", "calib_jax.posthoc._calibrator"),
+    ("calib_jax.posthoc._persist", "calib_jax.posthoc._binary"),
+    ("calib_jax.posthoc._persist", "calib_jax.posthoc._cts"),
+    ("calib_jax.posthoc._persist", "calib_jax.posthoc._dirichlet"),
+    ("calib_jax.posthoc._persist", "calib_jax.posthoc._ets"),
+    ("calib_jax.posthoc._persist", "calib_jax.posthoc._histogram"),
+    ("calib_jax.posthoc._persist", "calib_jax.posthoc._isotonic"),
+    ("calib_jax.posthoc._persist", "calib_jax.posthoc._matrix"),
+    ("calib_jax.posthoc._persist", "calib_jax.posthoc._pts"),
+    ("calib_jax.posthoc._persist", "calib_jax.posthoc._temperature"),
+}
+
+
+def _function_imports():
+    """``(module, imported module, line)`` of calib_jax imports in functions."""
+    for module, path, is_package in _modules():
+        tree = ast.parse(path.read_text(), str(path))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    for a in node.names:
+                        if a.name.startswith("calib_jax"):
+                            yield module, a.name, node.lineno
+                elif isinstance(node, ast.ImportFrom):
+                    source = _absolute(module, is_package, node)
+                    if not source.startswith("calib_jax"):
+                        continue
+                    for a in node.names:
+                        full = f"{source}.{a.name}"
+                        yield module, full if _is_module(full) else source, node.lineno
+
+
+def test_package_imports_are_at_the_top_but_the_listed_lazy_ones():
+    inside = {(m, i) for m, i, _ in _function_imports()}
+    extra = sorted(
+        f"{m}:{line} imports {i}"
+        for m, i, line in _function_imports()
+        if (m, i) not in LAZY
+    )
+    assert extra == []
+    assert sorted(LAZY - inside) == []  # an entry whose import moved goes too

@@ -22,7 +22,7 @@ import numpy as np
 from etils import epath
 
 from calib_jax import metrics, posthoc, storage
-from calib_jax.benchmark import conformal_sets
+from calib_jax.benchmark import conformal_sets, grid
 from calib_jax.train import evaluate as train_eval
 
 # Row keys of the metrics, with the convention of each (report headers name it):
@@ -203,8 +203,6 @@ def cell_results(
       ``num_bins`` equal-width bins, lists) and its ``ece``: the data of the
       report's reliability diagrams.
     """
-    from calib_jax.benchmark import grid
-
     val_z, val_y = logits["val"]
     calibrators = grid.applicable(calibrators, val_z.shape[-1])
     ood = logits.get(train_eval.OOD_KEY)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from etils import epath
 
+from calib_jax import plots
 from calib_jax.benchmark import aggregation as agg
 
 # dtypes of the per-bin fields of a reliability row, as
@@ -64,8 +65,6 @@ def write_figures(
       seed: the seed of the reliability diagrams.
       options: ``config.report`` (``methods``, ``min_count``).
     """
-    from calib_jax import plots  # matplotlib, imported only here
-
     lines = []
     methods = agg.methods(rows)
     baseline = "ce" if "ce" in methods else methods[0]

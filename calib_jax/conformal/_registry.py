@@ -13,13 +13,16 @@ from collections.abc import Callable
 
 import jax
 
+from calib_jax import _checks
 from calib_jax.conformal import _predictor, _scores
 from calib_jax.conformal._predictor import ConformalPredictor
-from calib_jax.posthoc import _validate
 
 
 def _checked(logits, labels, alpha):
-    logits, labels, _ = _validate.check_inputs(logits, labels, name="logits")
+    logits, labels, where = _checks.check_scores_labels(
+        logits, labels, None, name="logits", purpose="fitting"
+    )
+    _checks.check_values(logits, labels, where, name="logits", family="fit")
     _scores.quantile_rank(logits.shape[0], alpha)  # alpha in (0, 1), n large enough
     return logits, labels
 

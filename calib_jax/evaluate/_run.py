@@ -20,7 +20,7 @@ from etils import epath
 from ml_collections import ConfigDict
 
 from calib_jax import data as data_lib
-from calib_jax import storage, tensorboard
+from calib_jax import plots, storage, tensorboard
 from calib_jax.data import cache as cache_lib
 from calib_jax.data import corruptions
 from calib_jax.progress import Progress
@@ -172,8 +172,6 @@ def _from_checkpoint(config: ConfigDict, workdir: epath.Path, progress: bool):
 
 
 def _plots(out: epath.Path, logits: dict, results: dict) -> None:
-    from calib_jax import plots  # matplotlib, imported only here
-
     directory = out / PLOTS_DIR
     storage.make_dirs(directory)
     for key in ("val", "test"):

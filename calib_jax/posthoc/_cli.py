@@ -41,10 +41,13 @@ import time
 import warnings
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 from absl import flags
 
+from calib_jax import posthoc, storage
 from calib_jax import progress as progress_lib
+from calib_jax.posthoc import _binary, _temperature, _validate
 from calib_jax.posthoc import _cli_files as files
 from calib_jax.posthoc import _cli_report as report
 from calib_jax.posthoc._cli_files import UserError
@@ -58,8 +61,6 @@ _HELP = ("-h", "--help", "-help", "--helpfull", "--helpshort")
 
 def _define(fv: flags.FlagValues) -> None:
     """Defines the command's flags in ``fv``."""
-    from calib_jax.posthoc._temperature import OBJECTIVES
-
     kw = {"flag_values": fv}
     flags.DEFINE_string(
         "workdir",
@@ -79,7 +80,11 @@ def _define(fv: flags.FlagValues) -> None:
         **kw,
     )
     flags.DEFINE_enum(
-        "objective", None, OBJECTIVES, "objective of a bare 'ts' (default nll)", **kw
+        "objective",
+        None,
+        _temperature.OBJECTIVES,
+        "objective of a bare 'ts' (default nll)",
+        **kw,
     )
     flags.DEFINE_string(
         "out", None, "output directory (default RUN/posthoc or <test>_posthoc)", **kw
@@ -131,8 +136,6 @@ def parse_flags(argv: Sequence[str]) -> flags.FlagValues:
 
 
 def _methods(values, objective) -> list[str]:
-    from calib_jax.posthoc import get_calibrator
-
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
     if not names:
         raise UserError("give at least one --method (e.g. --method ts:nll,ets).")
@@ -141,7 +144,7 @@ def _methods(values, objective) -> list[str]:
         if objective is not None and (name == "ts" or name == "ts+classwise"):
             name = name.replace("ts", f"ts:{objective}", 1)
         try:
-            get_calibrator(name)
+            posthoc.get_calibrator(name)
         except ValueError as err:
             raise UserError(str(err)) from None
         if name not in resolved:
@@ -165,8 +168,6 @@ def _splits(fv):
 
 def _load(splits, fv) -> dict:
     """Every split's (logits, labels) as checked JAX arrays, before any fit."""
-    from calib_jax.posthoc import _validate
-
     data = {}
     for split in splits:
         logits, labels = files.load_split(split, fv.logits_key, fv.labels_key)
@@ -210,10 +211,6 @@ def _warn(line: str) -> None:
 
 def _fit(name, val, seed):
     """Fits one method; its SuspiciousFitWarnings become one stderr line each."""
-    import jax
-
-    from calib_jax import posthoc
-
     kwargs = {"seed": seed} if "pts" in name or "classwise" in name else {}
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
@@ -243,9 +240,6 @@ def run(fv: flags.FlagValues) -> int:
         existing = files.first_existing(files.outputs(out, methods))
         if existing is not None:
             raise files.refuse(existing)
-
-    from calib_jax import posthoc, storage
-    from calib_jax.posthoc import _binary
 
     data = _load(splits, fv)
     val, (test_logits, test_labels) = data["val"], data["test"]
@@ -317,10 +311,6 @@ def _score(name, fitted, splits, data, out, fv, bar) -> dict:
     (``'<corruption>/<severity>'`` -> metrics), ``shift_mean`` (None without
     shifts) and ``calibrated`` (split -> file); paths relative to ``out``.
     """
-    import jax
-
-    from calib_jax import storage
-
     row = {"method": name, "fit": None, "calibrator": None}
     cal, calibrated, scores = None, {}, {"shift": {}}
     if fitted is not None:

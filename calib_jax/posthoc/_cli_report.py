@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from calib_jax import metrics as metrics_lib
+from calib_jax.posthoc import _pts
 
 # (results.json key, table column): the trainer's metrics of every split.
 COLUMNS = tuple(
@@ -25,9 +26,7 @@ def params_summary(cal, test_logits) -> dict:
     """JSON summary of a fitted calibrator's parameters (PTS: the range of its
     per-example temperatures on ``test_logits``)."""
     if cal.name.startswith("pts"):
-        from calib_jax.posthoc._pts import sample_temperatures
-
-        t = np.asarray(sample_temperatures(cal.params, test_logits))
+        t = np.asarray(_pts.sample_temperatures(cal.params, test_logits))
         out = {
             "test_T_mean": float(t.mean()),
             "test_T_min": float(t.min()),

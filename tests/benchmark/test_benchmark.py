@@ -295,5 +295,8 @@ def test_unwritable_tensorboard_dir_is_one_line_before_anything_is_written(tmp_p
         runner.validate(config, workdir)
     message = str(err.value)
     assert "\n" not in message
-    assert f"TensorBoard log directory {workdir / 'tensorboard'} is not writable" in message
+    assert (
+        f"TensorBoard log directory {workdir / 'tensorboard'} is not writable"
+        in message
+    )
     assert [p.name for p in workdir.iterdir()] == ["tensorboard"]  # no config.json

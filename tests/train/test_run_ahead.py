@@ -104,7 +104,9 @@ def test_accumulate_sums_and_counts_each_key_like_float64(num_devices):
         steps.append({k: np.float32(rng.normal()) for k in keys})
     acc = {}
     for values in steps:
-        metrics = {k: jax.device_put(jnp.float32(v), replicated) for k, v in values.items()}
+        metrics = {
+            k: jax.device_put(jnp.float32(v), replicated) for k, v in values.items()
+        }
         acc = loop._accumulate(acc, metrics)
     for key in ("loss/total", "loss/a", "loss/b"):
         seen = [s[key] for s in steps if key in s]

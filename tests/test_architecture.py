@@ -67,29 +67,34 @@ def _layer(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[0] == "calib_jax" else None
 
 
+def _targets(module: str, is_package: bool, node):
+    """``(imported module, name or None, local alias or None)`` of each
+    calib_jax target of one import statement (nothing for other nodes)."""
+    if isinstance(node, ast.Import):
+        for a in node.names:
+            if a.name.startswith("calib_jax"):
+                yield a.name, None, a.asname
+    elif isinstance(node, ast.ImportFrom):
+        source = _absolute(module, is_package, node)
+        if source.startswith("calib_jax"):
+            for a in node.names:
+                full = f"{source}.{a.name}"
+                if _is_module(full):
+                    yield full, None, a.asname or a.name
+                else:
+                    yield source, a.name, None
+
+
 def _imports():
     """``(module, imported module, name or None, line)`` of every import."""
     for module, path, is_package in _modules():
         tree = ast.parse(path.read_text(), str(path))
         aliases = {}  # local name -> module it is bound to
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    if a.name.startswith("calib_jax"):
-                        yield module, a.name, None, node.lineno
-                        if a.asname:
-                            aliases[a.asname] = a.name
-            elif isinstance(node, ast.ImportFrom):
-                source = _absolute(module, is_package, node)
-                if not source.startswith("calib_jax"):
-                    continue
-                for a in node.names:
-                    full = f"{source}.{a.name}"
-                    if _is_module(full):
-                        yield module, full, None, node.lineno
-                        aliases[a.asname or a.name] = full
-                    else:
-                        yield module, source, a.name, node.lineno
+            for imported, name, local in _targets(module, is_package, node):
+                yield module, imported, name, node.lineno
+                if local:
+                    aliases[local] = imported
         for node in ast.walk(tree):
             if (
                 isinstance(node, ast.Attribute)
@@ -194,20 +199,10 @@ def _function_imports():
     for module, path, is_package in _modules():
         tree = ast.parse(path.read_text(), str(path))
         for fn in ast.walk(tree):
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            for node in ast.walk(fn):
-                if isinstance(node, ast.Import):
-                    for a in node.names:
-                        if a.name.startswith("calib_jax"):
-                            yield module, a.name, node.lineno
-                elif isinstance(node, ast.ImportFrom):
-                    source = _absolute(module, is_package, node)
-                    if not source.startswith("calib_jax"):
-                        continue
-                    for a in node.names:
-                        full = f"{source}.{a.name}"
-                        yield module, full if _is_module(full) else source, node.lineno
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    for imported, _, _ in _targets(module, is_package, node):
+                        yield module, imported, node.lineno
 
 
 def test_package_imports_are_at_the_top_but_the_listed_lazy_ones():

@@ -10,7 +10,11 @@ import numpy as np
 import pytest
 from _reference_batch import ref_hard_ece, ref_sb_ece
 
-from calib_jax.losses._soft_ece import sb_ece, soft_bin_membership
+from calib_jax.losses._soft_ece import (
+    sb_ece,
+    sb_ece_from_confidences,
+    soft_bin_membership,
+)
 
 
 def _batch(seed, b=64, k=4, scale=2.0):
@@ -82,6 +86,24 @@ def test_value_matches_reference_for_several_settings():
         got = sb_ece(logits.astype(np.float32), labels, **kw)
         want = ref_sb_ece(logits, labels, **kw)
         np.testing.assert_allclose(got, want, rtol=2e-5, err_msg=str(kw))
+
+
+@pytest.mark.parametrize("kind", ["lb", "bin"])
+def test_from_confidences_matches_float64_and_masks_rows(kind):
+    # The public building block on confidences computed outside the loss: the
+    # float64 reference of sb_ece on the same rows, and masked rows ignored.
+    logits, labels = _batch(5, b=48, k=5)
+    z = logits - logits.max(1, keepdims=True)
+    conf = (1.0 / np.exp(z).sum(1)).astype(np.float32)
+    correct = (logits.argmax(1) == labels).astype(np.float32)
+    mask = np.ones(48, bool)
+    mask[::4] = False
+    kw = {"num_bins": 6, "kind": kind}
+    got = sb_ece_from_confidences(conf, correct, mask, 0.02, 2.0, **kw)
+    want = ref_sb_ece(logits[mask], labels[mask], temperature=0.02, p=2.0, **kw)
+    np.testing.assert_allclose(float(got), want, rtol=2e-5)
+    with pytest.raises(ValueError, match="kind"):
+        sb_ece_from_confidences(conf, correct, mask, 0.02, 2.0, num_bins=6, kind="x")
 
 
 def _calibrated_batch():

@@ -188,3 +188,12 @@ def test_scalar_checks():
     assert _checks.check_bool("flag", np.bool_(True)) is True
     with pytest.raises(ValueError, match="flag must be True or False, got 1"):
         _checks.check_bool("flag", 1)
+
+
+def test_count_true_counts_each_mask_in_one_reduction():
+    rng = np.random.default_rng(0)
+    masks = [rng.random(1000) < q for q in (0.0, 0.3, 1.0)]
+    got = jax.jit(_checks.count_true)(*(jnp.asarray(m) for m in masks))
+    assert [int(g) for g in got] == [int(m.sum()) for m in masks]
+    assert all(g.dtype == jnp.int32 for g in got)
+    assert int(_checks.count_true(jnp.zeros((0,), bool))[0]) == 0

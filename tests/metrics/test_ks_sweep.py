@@ -14,8 +14,6 @@ from calib_jax import metrics
 
 CASES = all_cases()
 
-PRESETS = sorted(ref.PRESET_RULES)
-
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_binning_free_and_proper(case):

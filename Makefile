@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 DEMO_DIR ?= runs/benchmark_digits
 
-.PHONY: demo test test-slow bench install clean-venv
+.PHONY: demo test test-slow test-load bench install clean-venv
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "calib_jax needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -39,6 +39,14 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m 'not slow and not long' --durations=20 tests
+
+# make test as CI runs it on a shared machine: beside LOAD busy CPU-bound
+# processes (stopped however make test ends), then the wall time, the exit
+# status and the load averages at the start and the end. No verdict of
+# make test depends on the load; this is how that is checked.
+LOAD ?= 4
+test-load: $(STAMP)
+	LOAD=$(LOAD) MAKE=$(MAKE) .ci/test_load.sh
 
 # The TPU compile loads libtpu into its process; it runs in a pytest process of
 # its own so that no other test shares a process with libtpu. The `long` tests

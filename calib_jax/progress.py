@@ -7,10 +7,16 @@ done. Anywhere else (a batch log, a CI console, a pipe) a bar writes one
 plain line per ``interval`` seconds and one when it ends, never a carriage
 return, e.g. ``train mlp/digits:  40%|####      | 400/1000 [00:10<00:15,
 40.0step/s]``.
+
+The environment variable ``CALIB_JAX_PROGRESS`` turns every bar off (``0``)
+or leaves them to their callers (``1``, ``auto`` or unset): the test suite
+sets ``0``, so that no verdict on a command's output depends on how long its
+work took.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -18,6 +24,9 @@ from typing import Self, TextIO
 
 # Seconds between the lines of a bar outside a terminal.
 LOG_INTERVAL = 10.0
+# The environment variable that turns every bar off ("0").
+ENV = "CALIB_JAX_PROGRESS"
+_SHOWN = {"0": False, "1": True, "auto": True, "": True}
 # ANSI control sequences (tqdm moves the cursor to draw nested bars).
 _CONTROL = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -53,6 +62,21 @@ class LineStream:
         self._stream.flush()
 
 
+def shown() -> bool:
+    """Whether bars may show, by ``CALIB_JAX_PROGRESS`` (``0``, ``1`` or ``auto``).
+
+    ``0`` turns every bar off; ``1``, ``auto`` or unset leave each bar to its
+    caller's ``enabled``. Read when a bar is made.
+
+    Raises:
+      ValueError: the variable holds another value.
+    """
+    value = os.environ.get(ENV, "auto")
+    if value.strip().lower() not in _SHOWN:
+        raise ValueError(f"{ENV} must be 0, 1 or auto, got {value!r}")
+    return _SHOWN[value.strip().lower()]
+
+
 def is_terminal(stream: TextIO) -> bool:
     """Whether ``stream`` is an interactive terminal."""
     isatty = getattr(stream, "isatty", None)
@@ -82,7 +106,8 @@ def bar(
       unit: what is counted (``'step'``, ``'img'``, ``'fit'``).
       initial: work already done (a resumed run).
       enabled: False returns a disabled bar (other processes than 0, or
-        progress turned off); it accepts every call and shows nothing.
+        progress turned off); it accepts every call and shows nothing. So
+        does ``CALIB_JAX_PROGRESS=0`` (see :func:`shown`).
       level: 0 for an outermost bar; 1 for a bar of inner work, drawn under
         its outer bar on a terminal and removed when it closes.
       stream: where to write (default ``sys.stderr``).
@@ -103,7 +128,7 @@ def bar(
         "desc": desc,
         "unit": unit,
         "initial": initial,
-        "disable": not enabled,
+        "disable": not (enabled and shown()),
         "delay": delay,
     }
     if is_terminal(stream):
@@ -135,7 +160,8 @@ class Progress:
 
     Args:
       total: images to evaluate (every set).
-      enabled: False shows nothing (other processes than 0).
+      enabled: False shows nothing (other processes than 0); so does
+        ``CALIB_JAX_PROGRESS=0`` (see :func:`shown`).
       stream: where to write (default ``sys.stderr``).
       interval: seconds between plain lines.
       desc: the prefix of the bar and of each line.
@@ -153,13 +179,14 @@ class Progress:
         desc: str = "evaluate",
         level: int = 0,
     ):
-        self.total, self.enabled, self.interval = int(total), enabled, interval
+        self.total, self.interval = int(total), interval
+        self.enabled = enabled and shown()
         self.desc = desc
         self.stream = stream if stream is not None else sys.stderr
         self.done, self.key = 0, ""
         self.start = self.last = time.perf_counter()
         self.bar = None
-        if enabled and is_terminal(self.stream):
+        if self.enabled and is_terminal(self.stream):
             from tqdm import tqdm
 
             self.bar = tqdm(

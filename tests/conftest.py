@@ -1,7 +1,11 @@
-"""Test configuration: 8 CPU devices and strict rank promotion.
+"""Test configuration: 8 CPU devices, strict rank promotion, no progress bars.
 
-Both must be set before JAX initialises its backends, hence at import time of
-the conftest, which pytest loads before any test module.
+The first two must be set before JAX initialises its backends, hence at import
+time of the conftest, which pytest loads before any test module. Progress bars
+are off for the session and for the command lines it starts
+(``CALIB_JAX_PROGRESS=0``): off a terminal a bar writes a line every so many
+seconds, so the lines a command writes would depend on the machine's load. The
+tests of the bars turn them on (the ``progress_shown`` fixture).
 """
 
 import itertools
@@ -11,12 +15,19 @@ import _gcs
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["CALIB_JAX_PROGRESS"] = "0"
 
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 # Catches [B] vs [B, 1] broadcasting bugs in binning code.
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture
+def progress_shown(monkeypatch):
+    """Progress bars on (``CALIB_JAX_PROGRESS=1``) for one test of them."""
+    monkeypatch.setenv("CALIB_JAX_PROGRESS", "1")
 
 
 # ---- A GCS API emulator for gs:// tests (see tests/_gcs.py) -------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import re
 
 import pytest
@@ -18,6 +19,61 @@ LINE = re.compile(
 class _Tty(io.StringIO):
     def isatty(self):
         return True
+
+
+@pytest.fixture(autouse=True)
+def _shown(progress_shown):
+    """The bars under test are on (the session turns them off, see conftest)."""
+
+
+def _bar_and_progress_lines(stream):
+    with progress.bar(4, desc="train", unit="step", stream=stream, interval=0.0) as b:
+        b.update(4)
+    with progress.Progress(10, stream=stream, interval=0.0) as p:
+        p("test", 10)
+    return stream.getvalue().splitlines()
+
+
+def test_the_test_session_turns_the_bars_off(monkeypatch):
+    # conftest sets it for the session and for the command lines it starts.
+    monkeypatch.undo()
+    assert os.environ["CALIB_JAX_PROGRESS"] == "0"
+    assert _bar_and_progress_lines(io.StringIO()) == []
+    assert _bar_and_progress_lines(_Tty()) == []
+
+
+@pytest.mark.parametrize("value", ["1", "auto", "AUTO", None])
+def test_calib_jax_progress_on_or_unset_shows_every_bar(monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv("CALIB_JAX_PROGRESS")
+    else:
+        monkeypatch.setenv("CALIB_JAX_PROGRESS", value)
+    assert progress.shown()
+    lines = _bar_and_progress_lines(io.StringIO())
+    train = [ln.split("|")[0] for ln in lines if ln.startswith("train:")]
+    assert train[0] == "train:   0%" and train[-1] == "train: 100%"
+    evaluate = [ln for ln in lines if ln.startswith("evaluate:")]
+    assert len(evaluate) == 2  # the update and the final line
+    for line in evaluate:
+        assert line.startswith("evaluate: 10/10 images (100%), test, ")
+    assert len(train) + len(evaluate) == len(lines)
+    tty = _Tty()
+    _bar_and_progress_lines(tty)
+    assert "train: 100%" in tty.getvalue() and "\r" in tty.getvalue()
+
+
+def test_calib_jax_progress_0_turns_every_bar_off(monkeypatch):
+    monkeypatch.setenv("CALIB_JAX_PROGRESS", "0")
+    assert not progress.shown()
+    assert _bar_and_progress_lines(io.StringIO()) == []
+    assert _bar_and_progress_lines(_Tty()) == []
+
+
+def test_calib_jax_progress_of_another_value_is_one_line(monkeypatch):
+    monkeypatch.setenv("CALIB_JAX_PROGRESS", "yes")
+    with pytest.raises(ValueError) as info:
+        progress.bar(5, desc="x", unit="it", stream=io.StringIO())
+    assert str(info.value) == "CALIB_JAX_PROGRESS must be 0, 1 or auto, got 'yes'"
 
 
 def test_off_a_terminal_every_update_past_the_interval_is_one_line():

@@ -213,7 +213,7 @@ def test_out_may_not_be_the_run_itself_and_config_must_be_the_runs(tmp_path):
     ]
 
 
-def test_progress_writes_one_line_per_interval_off_a_terminal():
+def test_progress_writes_one_line_per_interval_off_a_terminal(progress_shown):
     import io
 
     from calib_jax.evaluate._progress import Progress

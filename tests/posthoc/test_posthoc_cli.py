@@ -279,7 +279,7 @@ def test_misaligned_labels_warn_in_one_line_per_fit(tmp_path, capsys):
         "ts:nll,matrix",
     )
     assert code == 0, stderr
-    lines = _lines(stderr)
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("warning:")]
     assert len(lines) == 3, stderr  # the test file, then one line per fit
     assert lines[0].startswith(f"warning: --test file '{tmp_path / 'test.npz'}': ")
     assert "accuracy 0.0000 is below chance (1/K = 0.2000)" in lines[0]
@@ -296,7 +296,7 @@ def test_misaligned_labels_warn_in_one_line_per_fit(tmp_path, capsys):
 
 
 def test_progress_is_one_line_per_interval_off_a_terminal(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capsys, monkeypatch, progress_shown
 ):
     run = _fake_run(tmp_path / "run")
     monkeypatch.setattr(posthoc_cli, "LOG_INTERVAL", 0.0)

@@ -13,6 +13,7 @@ PACKAGE = ROOT / "calib_jax"
 # listed before it (its own package aside).
 LAYERS = (
     "_checks",
+    "_memory",
     "kernels",
     "storage",
     "progress",

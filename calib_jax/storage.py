@@ -12,9 +12,10 @@ writes array data through tensorstore). Object stores have no directories, no
 rename and no append, so the helpers here pick, per path, what keeps a file
 whole:
 
-- :func:`write_text`/:func:`write_bytes`: a local file is written under a
-  temporary name and renamed; an object is uploaded in one request, which the
-  store makes visible only once complete.
+- :func:`write_file`/:func:`write_text`/:func:`write_bytes`: a local file
+  is written under a temporary name and renamed into place (also when it
+  must not exist yet); an object is uploaded in one request, which the store
+  makes visible only once complete.
 - :func:`append_text`: local append; an object is rewritten whole.
 - :func:`move_tree`: a local rename; objects are copied, then deleted.
 - :func:`load_npy`: a local ``.npy`` is memory-mapped; an object is read
@@ -27,12 +28,18 @@ one line instead of a traceback after a minute of retries.
 
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import math
 import os
 import re
-from typing import NamedTuple
+import threading
+import time
+import zipfile
+import zlib
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 from etils import epath
@@ -49,6 +56,10 @@ _GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 # The fsspec package that serves each scheme (named in errors when missing).
 _PACKAGES = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs", "hf": "huggingface_hub"}
 DEFAULT_TIMEOUT = 30.0
+# The clock of check_reachable's deadline (a module attribute, so tests can
+# replace it).
+_clock = time.monotonic
+_T = TypeVar("_T")
 
 
 def _bad(what: str, text: str, why: str) -> ValueError:
@@ -139,14 +150,15 @@ def check_reachable(
     """Checks that the bucket of an object-store path exists and answers.
 
     Local paths are not checked (their errors are specific to what is done
-    with them). The check asks the store for the bucket once, bounded by
-    ``timeout`` (the storage client's own retries of an unreachable endpoint
-    take about a minute), with the client's logging silenced.
+    with them). The check creates the store's client and asks it for the
+    bucket once, both within ``timeout`` (the client's search for credentials
+    can take seconds, and its own retries of an unreachable endpoint about a
+    minute), with the client's logging silenced.
 
     Args:
       path: a path or URL (parsed by :func:`as_path`).
       what: how errors name the path (e.g. ``"--workdir"``).
-      timeout: seconds to wait for the store's answer.
+      timeout: seconds to wait for the client and the store's answer.
 
     Raises:
       ValueError: one line naming the path: malformed (see :func:`as_path`),
@@ -158,44 +170,93 @@ def check_reachable(
         return
     scheme, bucket = path.parts[1], path.parts[2]
     root = f"{scheme}://{bucket}"
+    # One deadline covers the client's creation (gcsfs looks for credentials
+    # first, which takes seconds without a metadata server) and the request.
+    deadline = _clock() + timeout
+
+    def silent() -> ValueError:
+        return ValueError(
+            f"{what} {path}: no answer about bucket {root} within {timeout:g} s "
+            "(is the storage endpoint reachable from this host?)."
+        )
+
     try:
         import fsspec.asyn
-        import fsspec.core
+        from fsspec.exceptions import FSTimeoutError
 
-        fs, _ = fsspec.core.url_to_fs(root)
+        fs = _by_deadline(lambda: _filesystem(root), deadline)
     except ImportError as e:
         package = _PACKAGES.get(scheme, "an fsspec implementation")
         raise ValueError(
             f"{what} {path}: {scheme}:// paths need the {package} package "
             f"(pip install {package}); {e}."
         ) from None
-    from fsspec.exceptions import FSTimeoutError
+    except TimeoutError:
+        raise silent() from None
+    except Exception as e:  # noqa: BLE001 - any client error means unreachable
+        raise _unreachable(what, path, root, e) from None
 
+    left = deadline - _clock()
+    if left <= 0:
+        raise silent()
     client_log = logging.getLogger(type(fs).__module__.split(".")[0])
     level = client_log.level
     client_log.setLevel(logging.CRITICAL + 1)
     try:
         if getattr(fs, "async_impl", False):
-            fsspec.asyn.sync(fs.loop, fs._info, bucket, timeout=timeout)
+            fsspec.asyn.sync(fs.loop, fs._info, bucket, timeout=left)
         else:
-            fs.info(bucket)
+            _by_deadline(lambda: fs.info(bucket), deadline)
     except FileNotFoundError:
         raise ValueError(
             f"{what} {path}: bucket {root} does not exist or is not visible to "
             "these credentials."
         ) from None
-    except FSTimeoutError:
-        raise ValueError(
-            f"{what} {path}: no answer about bucket {root} within {timeout:g} s "
-            "(is the storage endpoint reachable from this host?)."
-        ) from None
+    except (FSTimeoutError, TimeoutError):
+        raise silent() from None
     except Exception as e:  # noqa: BLE001 - any client error means unreachable
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ValueError(
-            f"{what} {path}: cannot reach bucket {root} ({type(e).__name__}: {first})."
-        ) from None
+        raise _unreachable(what, path, root, e) from None
     finally:
         client_log.setLevel(level)
+
+
+def _filesystem(root: str):
+    """The fsspec filesystem of ``root`` (``gs://<bucket>``); creating a gcsfs
+    client looks for credentials, which can take seconds."""
+    import fsspec.core
+
+    return fsspec.core.url_to_fs(root)[0]
+
+
+def _by_deadline(fn: Callable[[], _T], deadline: float) -> _T:
+    """``fn()``, run in a daemon thread, or ``TimeoutError`` once ``deadline``
+    (on :data:`_clock`) passes first; the thread is then left to finish on its
+    own (a daemon thread does not keep the process alive)."""
+    done = threading.Event()
+    result: list = []
+
+    def target() -> None:
+        try:
+            result.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            result.append((False, e))
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="storage-deadline", daemon=True).start()
+    if not done.wait(max(deadline - _clock(), 0.0)) or not result:
+        raise TimeoutError
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _unreachable(what: str, path, root: str, e: BaseException) -> ValueError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return ValueError(
+        f"{what} {path}: cannot reach bucket {root} ({type(e).__name__}: {first})."
+    )
 
 
 def make_dirs(path: str | os.PathLike) -> None:
@@ -209,37 +270,126 @@ def make_dirs(path: str | os.PathLike) -> None:
         path.mkdir(parents=True, exist_ok=True)
 
 
+def temporary_name(name: str) -> str:
+    """The name a file ``name`` is written under before it is renamed into place
+    (hidden, and unique to this process)."""
+    return f".{name}.{os.getpid()}.tmp"
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is a :func:`temporary_name` (left behind by a killed writer)."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def os_error_text(err: OSError) -> str:
+    """An ``OSError`` in a few words (``'No space left on device'``), without
+    the errno number and the path, which messages name themselves."""
+    if err.strerror:
+        return err.strerror
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def write_file(
+    path: str | os.PathLike,
+    write: Callable[[epath.Path], object],
+    *,
+    exclusive: bool = False,
+) -> None:
+    """Has ``write(target)`` write a whole file that readers see whole or not at all.
+
+    Local: ``write`` writes a temporary name beside ``path``
+    (:func:`temporary_name`), which is then renamed to ``path``; with
+    ``exclusive`` it is linked to ``path`` instead, which fails when ``path``
+    exists. An error or interruption (a full disk, Ctrl-C) removes the
+    temporary file and leaves ``path`` as it was. Object store: ``write(path)``
+    is one upload, which the store publishes only once complete.
+
+    Args:
+      path: destination (its directory must exist when local).
+      write: writes the whole file to the path it is given.
+      exclusive: fail with ``FileExistsError`` when ``path`` exists (checked
+        before ``write`` runs too; object store: only then).
+    """
+    path = as_path(path)
+    if exclusive and path.exists():
+        raise FileExistsError(os.fspath(path))
+    if is_remote(path):
+        write(path)
+        return
+    tmp = path.with_name(temporary_name(path.name))
+    try:
+        write(tmp)
+        if exclusive:
+            _publish_new(tmp, path)
+        else:
+            os.replace(tmp, path)
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+# Errors of os.link on file systems without hard links.
+_NO_LINKS = {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOSYS, errno.EOPNOTSUPP}
+
+
+def _publish_new(tmp: epath.Path, path: epath.Path) -> None:
+    """Gives the complete file ``tmp`` the name ``path``, which must not exist."""
+    try:
+        os.link(tmp, path)  # atomic, and fails when path exists
+    except FileExistsError:
+        raise
+    except OSError as e:
+        if e.errno not in _NO_LINKS:
+            raise
+        if path.exists():
+            raise FileExistsError(os.fspath(path)) from None
+        os.replace(tmp, path)
+
+
 def write_bytes(
     path: str | os.PathLike, data: bytes, *, exclusive: bool = False
 ) -> None:
     """Writes a whole file so that readers see the old content or the new, never half.
 
     Local: written under a temporary name beside ``path``, then renamed over
-    it. Object store: one upload, which the store publishes only once complete.
+    it. Object store: one upload, which the store publishes only once complete
+    (see :func:`write_file`).
 
     Args:
       path: destination (its directory must exist when local).
       data: the file's content.
-      exclusive: fail with ``FileExistsError`` when ``path`` exists (local:
-        an exclusive create; object store: checked just before the upload).
+      exclusive: fail with ``FileExistsError`` when ``path`` exists.
     """
-    path = as_path(path)
-    if is_remote(path):
-        if exclusive and path.exists():
-            raise FileExistsError(os.fspath(path))
-        path.write_bytes(data)
-        return
-    if exclusive:
-        with open(path, "xb") as f:
-            f.write(data)
-        return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write_file(path, lambda target: target.write_bytes(data), exclusive=exclusive)
+
+
+def check_writable(directory: str | os.PathLike, *, what: str = "path") -> None:
+    """Creates ``directory`` (when local) and writes and removes a small file in it.
+
+    Run before long work whose results go there, so that a read-only or
+    missing location fails at once.
+
+    Raises:
+      ValueError: one line naming ``directory`` and why it cannot be written.
+    """
+    directory = as_path(directory, what=what)
+    probe = directory / temporary_name("write-check")
     try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        make_dirs(directory)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(
+            f"{what} {directory} is not writable: {os_error_text(e)}."
+        ) from None
+    except Exception as e:  # noqa: BLE001 - an object store's client errors
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(
+            f"{what} {directory} is not writable: {type(e).__name__}: {first}."
+        ) from None
 
 
 def write_text(path: str | os.PathLike, text: str, *, exclusive: bool = False) -> None:
@@ -271,9 +421,27 @@ def save_npz(path: str | os.PathLike, **arrays: np.ndarray) -> None:
 
 
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` file (no pickled objects)."""
-    with np.load(io.BytesIO(as_path(path).read_bytes()), allow_pickle=False) as f:
-        return {key: f[key] for key in f.files}
+    """Every array of an ``.npz`` file (no pickled objects).
+
+    Raises:
+      ValueError: one line naming ``path``: not an ``.npz`` archive (a
+        truncated file, another format) or a damaged member.
+    """
+    path = as_path(path)
+    raw = io.BytesIO(path.read_bytes())
+    if not zipfile.is_zipfile(raw):
+        raise ValueError(
+            f"{path} is not an .npz archive (np.savez output): it is truncated "
+            "or of another format."
+        )
+    try:
+        with np.load(raw, allow_pickle=False) as f:
+            return {key: f[key] for key in f.files}
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ValueError(
+            f"{path} is a damaged .npz archive ({type(e).__name__}: {first})."
+        ) from None
 
 
 class NpyHeader(NamedTuple):

@@ -10,7 +10,6 @@ import errno
 import io
 import os
 import threading
-import time
 
 import _gcs
 import numpy as np

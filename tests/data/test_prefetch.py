@@ -1,10 +1,11 @@
 """Background prefetch: same items in order, bounded look-ahead, errors and shutdown."""
 
 import threading
-import time
+from types import SimpleNamespace
 
 import pytest
 
+from calib_jax.data import prefetch
 from calib_jax.data.prefetch import Prefetcher
 
 
@@ -22,25 +23,39 @@ def test_yields_every_item_in_order_then_stops(depth):
 
 
 @pytest.mark.parametrize("depth", [1, 3])
-def test_makes_at_most_depth_items_ahead(depth):
+def test_makes_at_most_depth_items_ahead(depth, monkeypatch):
     made = []
+    asked = []  # len(made) each time the producer asks for a slot
+    changed = threading.Condition()
+    acquire_slot = Prefetcher._acquire_slot
+
+    def spy(self):
+        with changed:
+            asked.append(len(made))
+            changed.notify_all()
+        return acquire_slot(self)
+
+    monkeypatch.setattr(Prefetcher, "_acquire_slot", spy)
 
     def items():
         for i in range(10):
             made.append(i)
             yield i
 
-    def settle(count):
-        deadline = time.monotonic() + 10
-        while len(made) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)  # time to make more, were it allowed to
-        return len(made)
+    def asks_for_item(index):
+        # Blocks until the producer asks for the slot of item `index` (the
+        # timeout only guards against a hang); returns the items made by then.
+        with changed:
+            assert changed.wait_for(lambda: len(asked) > index, timeout=120)
+            return len(made)
 
     with Prefetcher(items(), depth) as feed:
-        assert settle(depth) == depth  # nothing taken yet
+        assert asks_for_item(depth) == depth  # nothing taken yet
+        assert not feed._slots.acquire(blocking=False)  # all depth slots held
         assert next(feed) == 0
-        assert settle(depth + 1) == depth + 1
+        assert asks_for_item(depth + 1) == depth + 1
+        assert not feed._slots.acquire(blocking=False)
+    assert asked[: depth + 2] == list(range(depth + 2))
 
 
 def test_depth_zero_makes_items_on_the_calling_thread():
@@ -79,7 +94,8 @@ def test_close_stops_a_producer_blocked_on_a_full_queue():
 
     with Prefetcher(items(), 2) as feed:
         assert next(feed) == 0
-    assert finished.wait(5) and not _threads()  # the generator was closed
+    # close() joined the thread, which closed the generator before it ended.
+    assert finished.is_set() and not _threads()
     with pytest.raises(StopIteration):
         next(feed)
 
@@ -91,21 +107,33 @@ def test_an_exception_in_the_consumer_loop_stops_the_thread():
     assert not _threads()
 
 
-def test_wait_fraction_is_the_share_of_wall_time_spent_blocked():
+def test_wait_fraction_is_the_share_of_wall_time_spent_blocked(monkeypatch):
+    # A clock the test moves: 0.1 s inside next() (the item takes that long
+    # to make) or outside it (the consumer's own work); no real time counts.
+    clock = [100.0]
+    monkeypatch.setattr(
+        prefetch, "time", SimpleNamespace(perf_counter=lambda: clock[0])
+    )
+
     def slow():
         for i in range(4):
-            time.sleep(0.1)
+            clock[0] += 0.1
             yield i
 
-    feed = Prefetcher(slow(), 2)
-    list(feed)
-    assert 0.8 < feed.wait_fraction() <= 1.0  # the consumer only waited
-    fast = Prefetcher(iter(range(4)), 2)
-    time.sleep(0.1)
+    feed = Prefetcher(slow(), 0)
+    assert list(feed) == [0, 1, 2, 3]
+    assert feed.wait_fraction() == pytest.approx(1.0)  # the consumer only waited
+    fast = Prefetcher(iter(range(4)), 0)
+    clock[0] += 0.1
     for _ in fast:
-        time.sleep(0.1)  # the consumer's own work
-    assert 0.0 <= fast.wait_fraction() < 0.2
-    assert fast.wait_fraction() <= 1.0  # a new, empty interval
+        clock[0] += 0.1  # the consumer's own work
+    assert fast.wait_fraction() == 0.0
+    with Prefetcher(slow(), 0) as half:
+        clock[0] += 0.4
+        for _ in half:
+            clock[0] += 0.1
+    assert half.wait_fraction() == pytest.approx(0.4 / 1.2)
+    assert half.wait_fraction() == 0.0  # a new, empty interval
 
 
 @pytest.mark.parametrize("depth", [-1, 1.5, True])

@@ -29,7 +29,10 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-START_TIMEOUT = 30.0
+# Hang guards, not expectations: a start takes about a second and a request
+# milliseconds on a quiet machine; a loaded one may take ten times that.
+START_TIMEOUT = 300.0
+HTTP_TIMEOUT = 120.0
 _SERVER = Path(__file__).with_name("_gcs_server.py")
 
 
@@ -82,7 +85,7 @@ class Emulator:
 
     def _get(self, path: str, *, raw: bool = False):
         url = f"{self.url}/storage/v1/{path}"
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT) as r:
             data = r.read()
         return data if raw else json.loads(data)
 
@@ -94,7 +97,7 @@ class Emulator:
             headers={"Content-Type": "application/json"},
             method="POST",
         )
-        with urllib.request.urlopen(request, timeout=10) as r:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as r:
             r.read()
 
     def buckets(self) -> list[str]:
@@ -125,7 +128,7 @@ class Emulator:
         request = urllib.request.Request(
             f"{self.url}/storage/v1/b/{bucket}/o/{quoted}", method="DELETE"
         )
-        with urllib.request.urlopen(request, timeout=10) as r:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as r:
             r.read()
 
     def fail_uploads(self, prefix: str, *, after: int, status: int = 403) -> None:

@@ -36,7 +36,7 @@ def kill_at_step(
     cwd,
     env,
     checkpoint: int | None = None,
-    timeout: float = 120,
+    timeout: float = 900,
 ) -> str:
     """Runs ``command`` and SIGKILLs it once ``metrics`` logs ``step`` or later.
 

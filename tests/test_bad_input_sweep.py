@@ -274,7 +274,7 @@ def _assert_cli_errors_are_one_line(runs: dict) -> None:
     }
     try:
         for name, proc in procs.items():
-            _, err = proc.communicate(timeout=120)
+            _, err = proc.communicate(timeout=900)
             assert proc.returncode == 2, (name, err[-2000:])
             assert "Traceback" not in err, name
             assert runs[name][2] in _one_line(err), (name, err)
@@ -492,7 +492,7 @@ def test_train_cli_missing_bucket_is_one_line(gcs_emulator, tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,
         check=False,
     )
     assert result.returncode == 2, result.stderr[-2000:]

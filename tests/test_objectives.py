@@ -57,7 +57,7 @@ def test_importing_a_config_imports_nothing_heavy():
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,
         check=True,
     )
     imported, built = json.loads(out.stdout.strip().splitlines()[-1])

@@ -250,7 +250,7 @@ def test_cli_unknown_method_exits_2_with_one_line(tmp_path):
         text=True,
         cwd=ROOT,
         env=dict(os.environ, JAX_PLATFORMS="cpu"),
-        timeout=120,
+        timeout=900,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

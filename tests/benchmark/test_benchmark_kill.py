@@ -55,7 +55,7 @@ def _run(workdir):
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,
     )
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -90,7 +90,7 @@ def test_sigkill_inside_a_cell_resumes_it_and_results_are_identical(
         checkpoint=kill_at // EVERY * EVERY,
         cwd=ROOT,
         env=_env(),
-        timeout=300,
+        timeout=1800,
     )
     first = workdir / "cells" / "ce" / "seed0"
     assert (first / "rows.jsonl").exists()

@@ -43,7 +43,7 @@ def _ignored(directory, names):
     return shutil.ignore_patterns(*patterns)(directory, names)
 
 
-def _run(cmd, *, cwd, env, timeout=300):
+def _run(cmd, *, cwd, env, timeout=1800):
     proc = subprocess.run(
         [str(c) for c in cmd],
         cwd=cwd,

@@ -114,7 +114,7 @@ def test_cli_end_to_end_table_json_and_overwrite_rule(files, capsys):
         out,
         cwd=files,
     )
-    stdout, stderr = proc.communicate(timeout=300)
+    stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr
     for name in ("uncalibrated", "ts:nll", "ts:nll+classwise"):
@@ -152,7 +152,7 @@ def test_cli_end_to_end_table_json_and_overwrite_rule(files, capsys):
     common = ["--val", files / "val.npz", "--test", files / "test.npz",
               "--method", "ts:ece_grid,ts:nll", "--out", out]  # fmt: skip
     refused = _cli(*common, cwd=files)
-    _, stderr = refused.communicate(timeout=300)
+    _, stderr = refused.communicate(timeout=900)
     assert refused.returncode == 2
     assert stderr.strip().count("\n") == 0 and "--overwrite" in stderr
     assert f"output '{out / 'table.md'}' exists" in stderr
@@ -195,7 +195,7 @@ def test_cli_bad_inputs_fail_with_one_line_and_no_traceback(files, capsys):
         assert not (files / name).exists()
     # The command itself: status 2, one line, no traceback.
     proc = _cli("--val", val, "--test", test, "--method", "bogus", cwd=files)
-    _, stderr = proc.communicate(timeout=300)
+    _, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 2
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown calibrator 'bogus'" in lines[0], stderr

@@ -31,7 +31,7 @@ def command(config: str, workdir, *overrides: str) -> list[str]:
 
 
 def run(
-    config: str, workdir, *overrides: str, num_devices: int = 1, timeout: float = 300
+    config: str, workdir, *overrides: str, num_devices: int = 1, timeout: float = 1800
 ):
     return subprocess.run(
         command(config, workdir, *overrides),

@@ -78,7 +78,7 @@ def test_sigkill_then_rerun_resumes_and_matches_an_uninterrupted_run(tmp_path):
         stderr=subprocess.DEVNULL,
     )
     ckpts = killed / "checkpoints"
-    deadline = time.time() + 120
+    deadline = time.time() + 900
     while time.time() < deadline:
         done = (
             [p for p in ckpts.glob("*") if p.name.isdigit()] if ckpts.exists() else []
@@ -135,6 +135,49 @@ def test_config_typo_is_rejected(tmp_path):
     result = _cli.run("digits_ce.py", tmp_path, "--config.num_stepz=3")
     assert result.returncode == 2
     assert "num_stepz" in _one_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        (
+            "--config.loss=focal",
+            "error: config.loss must be a tuple of term dicts, got the string "
+            "'focal'; write --config.loss=\"({'name': 'focal'},)\" for that loss "
+            "alone; the 'focal' method of the configs is ({'name': 'focal', "
+            "'gamma': 3.0},).",
+        ),
+        (
+            "--config.loss=({'name': 'focal'}",
+            "error: config.loss: could not parse \"({'name': 'focal'}\" as a tuple "
+            "of term dicts (are its brackets and quotes closed?); write e.g. "
+            "--config.loss=\"({'name': 'cross_entropy'}, {'name': 'mdca', "
+            "'weight': 2.0})\".",
+        ),
+        (
+            "--config.model.kwargs.bogus=3",
+            "error: --config.model.kwargs.bogus: config.model.kwargs has no field "
+            "'bogus' (the options of model 'mlp': hidden, dtype).",
+        ),
+        (
+            "--config.model.kwargs={'bogus': 3}",
+            "error: config.model.kwargs: MLP.__init__() got an unexpected keyword "
+            "argument 'bogus'; the options of model 'mlp' are: hidden, dtype.",
+        ),
+        (
+            "--config.model.bogus=3",
+            "error: --config.model.bogus: config.model has no field 'bogus' (its "
+            "fields: dtype, kwargs, name).",
+        ),
+    ],
+)
+def test_a_loss_string_and_an_unknown_model_option_are_explained(
+    tmp_path, override, line
+):
+    result = _cli.run("digits_ce.py", tmp_path / "w", override)
+    assert result.returncode == 2
+    assert _one_line(result.stderr) == line
+    assert not (tmp_path / "w").exists()
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ def _posthoc(cwd, *args: str) -> subprocess.CompletedProcess:
         env=_cli.env(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=1800,
         check=False,
     )
 
@@ -112,7 +112,7 @@ def test_gs_workdir_sigkill_resume_export_and_posthoc(
         text=True,
     )
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 900
         while not _committed_steps(gcs_emulator, bucket):
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no checkpoint reached the bucket"
@@ -138,7 +138,7 @@ def test_gs_workdir_sigkill_resume_export_and_posthoc(
         env=_cli.env(),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,
         check=False,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -242,7 +242,7 @@ def test_unreachable_storage_is_one_line_before_training(gcs_emulator, tmp_path)
         env=dict(_cli.env(), STORAGE_EMULATOR_HOST=dead),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=1800,
         check=False,
     )
     assert result.returncode == 2, result.stderr[-3000:]

@@ -1,4 +1,5 @@
-"""Preemption: SIGTERM saves and exits 0; an unreadable checkpoint is skipped."""
+"""Preemption: SIGTERM saves and exits 0, SIGINT saves and exits 130; an unreadable
+checkpoint is skipped."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import _cli
+import _kill
 from calib_jax.train import loop, setup as setup_lib
 from calib_jax.train.checkpoint import Checkpointer
 from configs import digits_ce
@@ -38,11 +40,11 @@ def test_sigterm_checkpoints_exits_zero_and_resumes_to_the_same_result(tmp_path)
         text=True,
     )
     metrics = stopped / "metrics.jsonl"
-    deadline = time.time() + 120
+    deadline = time.time() + 900
     while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size):
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err[-2000:]
     steps = sorted(
         int(p.name) for p in (stopped / "checkpoints").iterdir() if p.name.isdigit()
@@ -90,3 +92,45 @@ def test_unreadable_latest_checkpoint_is_skipped_with_a_warning(tmp_path, caplog
     state = ckpt.restore_latest(run.abstract_state)
     ckpt.close()
     assert int(jax.device_get(state.step)) == 30
+
+
+@pytest.mark.long
+def test_sigint_checkpoints_says_one_line_exits_130_and_resumes(tmp_path):
+    workdir = tmp_path / "run"
+    args = (
+        "--config.num_steps=1000",
+        "--config.checkpoint_every=100",
+        "--config.log_every=10",
+        "--config.shifts.corruptions=none",
+    )
+    proc = subprocess.Popen(
+        _cli.command("digits_ce.py", workdir, *args),
+        cwd=_cli.ROOT,
+        env=_cli.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # Ctrl-C once the first regular checkpoint is complete.
+    while not _kill.finished_steps(workdir / "checkpoints"):
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err[-2000:]
+    steps = _kill.finished_steps(workdir / "checkpoints")
+    lines = [ln for ln in err.splitlines() if ln.startswith("interrupted")]
+    assert lines == [
+        f"interrupted: saved step {steps[-1]} in {workdir}; rerun the same "
+        "command to resume."
+    ]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert 100 <= steps[-1] < 1000
+    leftovers = [p.name for p in (workdir / "checkpoints").iterdir()]
+    assert not [name for name in leftovers if "tmp" in name], leftovers
+    result = _cli.run("digits_ce.py", workdir, *args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # It resumed from the saved step (a restart would log step 10 again).
+    logged = [r["step"] for r in loop.load_jsonl(workdir / "metrics.jsonl")]
+    train = [s for s in logged if s % 10 == 0]
+    assert train.count(10) == 1 and logged.count(1000) == 2  # training, final eval

@@ -48,17 +48,19 @@ _CHAIN = textwrap.dedent(
 def test_run_ahead_keeps_a_deep_collective_chain_from_stalling_xla_cpu():
     env = dict(os.environ)
     env["JAX_PLATFORMS"] = "cpu"
-    # A stall shows as an abort within 30 s instead of XLA's default 40 s.
+    # A stall is a deadlock: it aborts the process at the terminate timeout
+    # however long that is. Both bounds are far above a loaded machine's
+    # slowest collective (a second or two), so only a deadlock reaches them.
     env["XLA_FLAGS"] = (
-        "--xla_cpu_collective_call_warn_stuck_timeout_seconds=10 "
-        "--xla_cpu_collective_call_terminate_timeout_seconds=30"
+        "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120 "
+        "--xla_cpu_collective_call_terminate_timeout_seconds=300"
     )
     result = subprocess.run(
         [sys.executable, "-c", _CHAIN, str(loop.CPU_RUN_AHEAD)],
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-1500:]
     assert "may be stuck" not in result.stderr

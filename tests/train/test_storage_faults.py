@@ -26,7 +26,7 @@ ARGS = (
     "--config.checkpoint_every=10",
     "--config.log_every=5",
     "--config.shifts.corruptions=none",
-    "--config.checkpoint_timeout_s=2",
+    "--config.checkpoint_timeout_s=20",
 )
 # Lines on stderr that are neither ours nor an error: the progress bar and
 # tensorstore's C++ notices (the emulator's test token).
@@ -45,7 +45,7 @@ def _run(workdir, cwd):
         env=_cli.env(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=1800,
     )
 
 
@@ -67,12 +67,13 @@ def test_storage_fault_mid_save_stops_with_one_line_and_rerun_resumes(
     bucket = gcs_bucket[len("gs://") :]
     workdir = f"{gcs_bucket}/run"
     # Step 20's save gets two uploads through; then the rest are refused, or
-    # the next one hangs 6 s (the run gives a save 2 s).
+    # the next one hangs 45 s (the run gives a save 20 s, ten times what a
+    # save takes on a loaded machine; the hang outlasts it by as much again).
     prefix = f"{bucket}/run/checkpoints/20/"
     if fault == "refused":
         gcs_emulator.fail_uploads(prefix, after=2)
     else:
-        gcs_emulator.stall_uploads(prefix, after=2, seconds=6)
+        gcs_emulator.stall_uploads(prefix, after=2, seconds=45)
     failed = _run(workdir, tmp_path)
     gcs_emulator.heal()
     assert failed.returncode == 4, failed.stderr[-3000:]

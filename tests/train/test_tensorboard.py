@@ -147,7 +147,7 @@ def test_cli_unwritable_log_dir_is_one_line(tmp_path):
         env=env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,
         check=False,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -367,16 +367,23 @@ def write_bytes(
 
 
 def check_writable(directory: str | os.PathLike, *, what: str = "path") -> None:
-    """Creates ``directory`` (when local) and writes and removes a small file in it.
+    """Writes and removes a small file in ``directory``, creating it meanwhile.
 
     Run before long work whose results go there, so that a read-only or
-    missing location fails at once.
+    missing location fails at once. Directories it had to create are removed
+    again (the work creates them when it writes).
 
     Raises:
       ValueError: one line naming ``directory`` and why it cannot be written.
     """
     directory = as_path(directory, what=what)
     probe = directory / temporary_name("write-check")
+    created = []  # local directories this check creates, deepest first
+    if not is_remote(directory):
+        parent = epath.Path(os.path.abspath(directory))
+        while not parent.exists() and parent != parent.parent:
+            created.append(parent)
+            parent = parent.parent
     try:
         make_dirs(directory)
         probe.write_bytes(b"")
@@ -390,6 +397,12 @@ def check_writable(directory: str | os.PathLike, *, what: str = "path") -> None:
         raise ValueError(
             f"{what} {directory} is not writable: {type(e).__name__}: {first}."
         ) from None
+    finally:
+        for path in created:
+            try:
+                path.rmdir()
+            except OSError:
+                break  # not created after all, or not empty
 
 
 def write_text(path: str | os.PathLike, text: str, *, exclusive: bool = False) -> None:

@@ -378,9 +378,12 @@ def test_load_npz_names_a_damaged_file_in_one_line(tmp_path, damage, message):
     assert message in text
 
 
-def test_check_writable_creates_the_directory_and_leaves_nothing(tmp_path):
+def test_check_writable_leaves_nothing(tmp_path):
     storage.check_writable(tmp_path / "a" / "b", what="--out")
-    assert os.listdir(tmp_path / "a" / "b") == []
+    assert os.listdir(tmp_path) == []  # what it created is removed again
+    (tmp_path / "c").mkdir()
+    storage.check_writable(tmp_path / "c", what="--out")
+    assert os.listdir(tmp_path) == ["c"] and os.listdir(tmp_path / "c") == []
 
 
 def test_check_writable_names_a_path_that_cannot_be_written(tmp_path, monkeypatch):

@@ -8,12 +8,15 @@ change what is evaluated, e.g. ``--config.shifts.dataset=cifar10_corrupted
 Writes under ``--out`` (default ``RUN/evaluate``) and never replaces an
 earlier evaluation without ``--overwrite``. User errors (a workdir with
 neither checkpoints nor logits, a config of another model, a bad name or
-missing data) print one line on stderr and exit with status 2.
+missing data, a truncated logits file) print one line on stderr and exit with
+status 2; Ctrl-C prints ``interrupted`` and exits with status 130.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -64,6 +67,8 @@ def main(argv):
         )
     except ValueError as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        _interrupted()
     import jax  # already imported by the run
 
     if jax.process_index() != 0:
@@ -74,6 +79,20 @@ def main(argv):
     for key in shown:
         print(f"{key:28s} {results[key]:.4f}")
     print(f"written to {out}")
+
+
+# The exit status of a command stopped by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
+def _interrupted() -> None:
+    """Ctrl-C: one line and exit status 130. Every output is written whole
+    under a temporary name first, so none is left half-written; the process
+    ends without waiting for its input threads."""
+    print("interrupted", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
 
 
 def run():

@@ -24,10 +24,15 @@ scored on test and every shift. Under ``--out`` (default ``RUN/posthoc``, or
 - ``calibrators/<method>.npz``: the fitted calibrator, read back by
   :func:`calib_jax.posthoc.load`.
 
-Nothing is replaced without ``--overwrite``. Every path may be local or a
-``gs://`` URL. A user error (a bad flag, file, key, value or method name, a
-workdir without logits, a malformed URL or an unreachable bucket) prints one
-line on stderr (``error: ...``) and exits with status 2 before any fitting.
+Nothing is replaced without ``--overwrite``. Every file is written under a
+temporary name and renamed into place, so none is ever seen half-written.
+Every path may be local or a ``gs://`` URL. A user error (a bad flag, file,
+key, value or method name, a workdir without logits, a malformed URL or an
+unreachable bucket, an output directory that cannot be written, a bin count
+or a method whose parameters cannot fit in memory) prints one line on stderr
+(``error: ...``) and exits with status 2 before any fitting. An output that
+cannot be written (a full disk) exits with status 4 and Ctrl-C with 130,
+each after one line; either way the outputs the run had created are removed.
 A fit that looks wrong (validation accuracy below chance, a fitted
 temperature outside [0.05, 20]) prints one line ``warning: ...`` naming the
 likely cause.
@@ -50,10 +55,12 @@ from calib_jax import progress as progress_lib
 from calib_jax.posthoc import _binary, _temperature, _validate
 from calib_jax.posthoc import _cli_files as files
 from calib_jax.posthoc import _cli_report as report
-from calib_jax.posthoc._cli_files import UserError
+from calib_jax.posthoc._cli_files import StorageError, UserError
 
 PROG = "python -m calib_jax.posthoc"
 EXIT_USAGE = 2
+EXIT_STORAGE = 4  # an output could not be written (the trainer's code too)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 # Seconds between progress lines when stderr is not a terminal.
 LOG_INTERVAL = 30.0
 _HELP = ("-h", "--help", "-help", "--helpfull", "--helpshort")
@@ -240,7 +247,17 @@ def run(fv: flags.FlagValues) -> int:
         existing = files.first_existing(files.outputs(out, methods))
         if existing is not None:
             raise files.refuse(existing)
+    files.check_writable(out, fv.out)
+    files.check_sizes(splits, methods, fv.num_bins, fv.logits_key)
+    written = files.Outputs(overwrite=fv.overwrite)
+    try:
+        return _run(fv, methods, workdir, splits, out, written)
+    except BaseException:
+        written.remove_created()  # a failed run leaves none of its outputs
+        raise
 
+
+def _run(fv, methods, workdir, splits, out, written) -> int:
     data = _load(splits, fv)
     val, (test_logits, test_labels) = data["val"], data["test"]
     k = val[0].shape[1]
@@ -269,7 +286,9 @@ def run(fv: flags.FlagValues) -> int:
         rows = []
         for name in ["uncalibrated", *methods]:
             bar.set_description(f"score {name}", refresh=False)
-            rows.append(_score(name, fitted.get(name), splits, data, out, fv, bar))
+            rows.append(
+                _score(name, fitted.get(name), splits, data, out, fv, bar, written)
+            )
     finally:
         bar.close()
     for row in rows:
@@ -296,14 +315,13 @@ def run(fv: flags.FlagValues) -> int:
         "results": report.jsonable(rows),
     }
     storage.make_dirs(out)
-    files.write_text(out / files.TABLE, table, overwrite=fv.overwrite)
-    text = json.dumps(payload, indent=2) + "\n"
-    files.write_text(out / files.RESULTS, text, overwrite=fv.overwrite)
+    written.text(out / files.TABLE, table)
+    written.text(out / files.RESULTS, json.dumps(payload, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 
 
-def _score(name, fitted, splits, data, out, fv, bar) -> dict:
+def _score(name, fitted, splits, data, out, fv, bar, written) -> dict:
     """Scores one method on every split, writing its calibrator and logits.
 
     Returns its row of results.json: ``method``, ``fit`` (None for
@@ -318,11 +336,10 @@ def _score(name, fitted, splits, data, out, fv, bar) -> dict:
         fname = files.file_name(name)
         row["fit"] = {"name": cal.name, "seconds": seconds, "warnings": notes}
         row["calibrator"] = f"{files.CALIBRATORS}/{fname}.npz"
+        storage.make_dirs(out / files.CALIBRATORS)
         try:
-            cal.save(out / row["calibrator"], overwrite=fv.overwrite)
+            written.calibrator(out / row["calibrator"], cal)
         except ValueError as err:
-            if "already exists" in str(err):
-                raise files.refuse(out / row["calibrator"]) from None
             raise UserError(str(err)) from None
         storage.make_dirs(out / files.CALIBRATED / fname)
     for split in splits:
@@ -332,12 +349,7 @@ def _score(name, fitted, splits, data, out, fv, bar) -> dict:
         else:
             z = cal.apply(logits)
             rel = f"{files.CALIBRATED}/{files.file_name(name)}/{split.file}"
-            files.write_npz(
-                out / rel,
-                overwrite=fv.overwrite,
-                logits=np.asarray(z),
-                labels=np.asarray(labels),
-            )
+            written.npz(out / rel, logits=np.asarray(z), labels=np.asarray(labels))
             calibrated[split.key] = rel
         values = report.metrics(jax.nn.softmax(z, axis=-1), labels, fv.num_bins)
         if split.key.startswith("shift/"):
@@ -357,7 +369,9 @@ def _score(name, fitted, splits, data, out, fv, bar) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parses ``argv`` (default ``sys.argv[1:]``), runs, and
-    returns the exit status (0, or 2 for a user error)."""
+    returns the exit status: 0, 2 for a user error, 4 for an output that
+    could not be written, 130 for Ctrl-C (the last two remove the outputs
+    the run had created)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         return run(parse_flags(argv))
@@ -367,3 +381,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as err:
         print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return EXIT_USAGE
+    except StorageError as err:
+        print(
+            f"error: {_one_line(str(err))} No output of this run was kept; rerun "
+            "once the storage is writable.",
+            file=sys.stderr,
+        )
+        return EXIT_STORAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

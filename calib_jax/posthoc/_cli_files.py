@@ -19,17 +19,28 @@ from typing import NamedTuple
 import numpy as np
 from etils import epath
 
-from calib_jax import storage
+from calib_jax import _memory, storage
+from calib_jax.posthoc import _matrix
 
 TABLE = "table.md"
 RESULTS = "results.json"
 CALIBRATED = "calibrated"
 CALIBRATORS = "calibrators"
 _SHIFT_FILE = re.compile(r"^shift_(.+)_(\d+)\.npz$")
+# Bytes per class and bin of the metrics' class-wise bins (XLA allocated
+# 20 K M bytes at once for M = 10^8 bins).
+_BIN_BYTES = 20
+# Methods that fit a [K, K] matrix by L-BFGS.
+_SQUARE = ("matrix", "dirichlet")
 
 
 class UserError(Exception):
     """An error in the command line or the input files (exit status 2)."""
+
+
+class StorageError(Exception):
+    """An output that could not be written: a full disk, a lost connection
+    (exit status 4, as the trainer's failed checkpoint save)."""
 
 
 class Split(NamedTuple):
@@ -99,16 +110,24 @@ def workdir_splits(workdir: epath.Path, text: str) -> list[Split]:
                 "fit on: its run had no validation split (config.dataset."
                 "val_split); give --val and --test instead."
             )
-        if (workdir / "checkpoints").exists():
+        checkpoints = workdir / "checkpoints"
+        if checkpoints.is_dir() and any(
+            "tmp" not in p.name for p in checkpoints.iterdir()
+        ):
             raise UserError(
                 f"--workdir {text!r} has checkpoints but no {names}: the run has "
                 "not finished (it exports its logits at the end); rerun its train "
                 "command to finish it."
             )
-        if (workdir / "config.json").exists():
+        if checkpoints.exists() or (workdir / "config.json").exists():
+            empty = " (its checkpoints/ is empty)" if checkpoints.exists() else ""
             raise UserError(
-                f"--workdir {text!r} has no {names} and no checkpoints: the run "
-                "stopped before its first checkpoint."
+                f"--workdir {text!r} has no {names} and no checkpoint{empty}: the "
+                "run stopped before its first "
+                "checkpoint (it diverged, failed or was stopped; the train "
+                "command's last line said which). Fix the cause (a diverged run "
+                "needs e.g. a lower learning rate) and rerun the train command, "
+                "which starts again from step 0."
             )
         raise UserError(
             f"--workdir {text!r} has no {names}, checkpoints or config.json: it is "
@@ -185,6 +204,27 @@ def load_split(split: Split, logits_key: str, labels_key: str):
     return logits, labels
 
 
+def check_sizes(splits, methods, num_bins: int, logits_key: str) -> None:
+    """UserError when the bins or a method's parameters cannot fit in memory,
+    from the val file's header (before its logits are read)."""
+    shape = logits_shape(splits[0], logits_key)
+    if shape is None or len(shape) != 2:
+        return  # load_split names what is wrong with the file
+    k = shape[1]
+    try:
+        _memory.check_fits(
+            _BIN_BYTES * k * num_bins,
+            f"--num_bins={num_bins} at K = {k} classes (the metrics' bins "
+            "of every class)",
+            fix="lower --num_bins (15 is usual)",
+        )
+        for name in methods:
+            if name in _SQUARE:
+                _matrix.check_square_fit(k, np.float32, f"--method {name}")
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
 def output_dir(value: str | None, workdir: epath.Path | None, test: Split):
     """``--out``, or its default: ``<workdir>/posthoc``, else
     ``<test stem>_posthoc`` beside the test file."""
@@ -213,11 +253,46 @@ def outputs(out: epath.Path, methods) -> list[epath.Path]:
 
 
 def first_existing(paths) -> epath.Path | None:
-    """The first path that exists (a directory only when it is not empty)."""
+    """The first path that exists (a directory only when it holds something
+    other than the temporary files a killed run may leave)."""
     for path in paths:
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        if not path.exists():
+            continue
+        if not path.is_dir() or any(
+            not storage.is_temporary(p.name) for p in path.iterdir()
+        ):
             return path
     return None
+
+
+def check_writable(out: epath.Path, value: str | None) -> None:
+    """A UserError, before any work, when ``out`` cannot be written."""
+    what = "--out" if value is not None else "the output directory"
+    try:
+        storage.check_writable(out, what=what)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def logits_shape(split: Split, key: str) -> tuple[int, ...] | None:
+    """The shape of array ``key`` of a split's ``.npz``, read from its header
+    alone; None when the file cannot tell (:func:`load_split` then says why)."""
+    try:
+        with (
+            split.path.open("rb") as f,
+            zipfile.ZipFile(f) as archive,
+            archive.open(f"{key}.npy") as member,
+        ):
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                header = np.lib.format.read_array_header_1_0(member)
+            elif version == (2, 0):
+                header = np.lib.format.read_array_header_2_0(member)
+            else:
+                return None
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, zlib.error, EOFError):
+        return None
+    return tuple(int(n) for n in header[0])
 
 
 def refuse(path) -> UserError:
@@ -225,19 +300,48 @@ def refuse(path) -> UserError:
     return UserError(f"output {str(path)!r} exists; pass --overwrite to replace it.")
 
 
-def write_npz(path: epath.Path, *, overwrite: bool, **arrays) -> None:
-    """Writes an ``.npz`` archive whole; an existing file needs ``overwrite``."""
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    try:
-        storage.write_bytes(path, buf.getvalue(), exclusive=not overwrite)
-    except FileExistsError:
-        raise refuse(path) from None
+class Outputs:
+    """Writes a run's outputs, each whole (under a temporary name, then
+    renamed), and removes the ones it created when the run fails."""
 
+    def __init__(self, *, overwrite: bool):
+        self.overwrite = overwrite
+        self.created: list[epath.Path] = []
 
-def write_text(path: epath.Path, text: str, *, overwrite: bool) -> None:
-    """Writes a text file whole; an existing file needs ``overwrite``."""
-    try:
-        storage.write_text(path, text, exclusive=not overwrite)
-    except FileExistsError:
-        raise refuse(path) from None
+    def _write(self, path: epath.Path, write) -> None:
+        new = not self.overwrite or not path.exists()
+        try:
+            storage.write_file(path, write, exclusive=not self.overwrite)
+        except FileExistsError:
+            raise refuse(path) from None
+        except OSError as err:
+            raise StorageError(
+                f"cannot write {str(path)!r}: {storage.os_error_text(err)}."
+            ) from None
+        if new:
+            self.created.append(path)
+
+    def npz(self, path: epath.Path, **arrays) -> None:
+        """Writes an ``.npz`` archive of ``arrays``."""
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        data = buf.getvalue()
+        self._write(path, lambda target: target.write_bytes(data))
+
+    def text(self, path: epath.Path, text: str) -> None:
+        """Writes a UTF-8 text file."""
+        data = text.encode("utf-8")
+        self._write(path, lambda target: target.write_bytes(data))
+
+    def calibrator(self, path: epath.Path, cal) -> None:
+        """Writes a fitted calibrator (:meth:`Calibrator.save`)."""
+        self._write(path, lambda target: cal.save(target, overwrite=True))
+
+    def remove_created(self) -> None:
+        """Removes every output this run created (after a failure)."""
+        for path in reversed(self.created):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass
+        self.created = []

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from calib_jax import _checks
-from calib_jax.posthoc import _core, _validate
+from calib_jax.posthoc import _core, _matrix, _validate
 
 
 def apply_dirichlet(params, logits: jax.typing.ArrayLike) -> jax.Array:
@@ -60,7 +60,10 @@ def odir_penalty(params, off_diagonal, intercept):
     w, b = params["W"], params["b"]
     k = w.shape[0]
     off = jnp.sum(w**2) - jnp.sum(jnp.diagonal(w) ** 2)
-    return off_diagonal * off / (k * (k - 1)) + intercept * jnp.sum(b**2) / k
+    # K(K-1) as a Python float: as an int it would be an int32 constant, which
+    # overflows from K = 46,342.
+    pairs = float(k * (k - 1))
+    return off_diagonal * off / pairs + intercept * jnp.sum(b**2) / float(k)
 
 
 def dirichlet_objective(params, logits, labels, weights, off_diagonal, intercept):
@@ -124,6 +127,7 @@ def fit_dirichlet(
     max_iter = _checks.check_positive_int("max_iter", max_iter)
     off_diagonal = _validate.check_nonnegative("off_diagonal", off_diagonal)
     intercept = _validate.check_nonnegative("intercept", intercept)
+    _matrix.check_square_fit(logits.shape[-1], logits.dtype, "fit_dirichlet")
     params = _fit(
         logits, labels, where, off_diagonal, intercept, tol, max_iter=max_iter
     )

@@ -7,10 +7,36 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from calib_jax import _checks
+from calib_jax import _checks, _memory
 from calib_jax.posthoc import _core, _validate
 
 KINDS = ("vector", "matrix")
+# Copies of the parameters an L-BFGS fit holds at once: its 10-pair history
+# (20) plus gradients, search directions and line-search points (XLA asked
+# for 30 at K = 50,000 in one allocation).
+LBFGS_COPIES = 30
+
+
+def check_square_fit(k: int, dtype, what: str) -> None:
+    """Raises a one-line ``ValueError`` when an L-BFGS fit of a ``[K, K]``
+    matrix and a ``[K]`` bias (matrix scaling, Dirichlet) cannot fit in the
+    default device's memory (see :mod:`calib_jax._memory`).
+
+    Args:
+      k: the number of classes (a Python int: ``K * K`` is exact).
+      dtype: the dtype of the fit (its parameters' item size).
+      what: how the message names the fit (``"fit_matrix_scaling"``,
+        ``"--method dirichlet"``).
+    """
+    k = int(k)
+    size = k * k + k
+    itemsize = jnp.promote_types(dtype, jnp.float32).itemsize
+    _memory.check_fits(
+        LBFGS_COPIES * size * itemsize,
+        f"{what} at K = {k} classes ({size} parameters, about {LBFGS_COPIES} "
+        "copies of them in the L-BFGS fit)",
+        fix="use a calibrator with O(K) parameters ('ts', 'ets' or 'vector')",
+    )
 
 
 def apply_vector_scaling(params, logits: jax.typing.ArrayLike) -> jax.Array:
@@ -169,6 +195,8 @@ def fit_matrix_scaling(
 def _public_fit(kind, logits, labels, where, max_iter, tol):
     logits, labels, where = _validate.check_inputs(logits, labels, where)
     max_iter = _checks.check_positive_int("max_iter", max_iter)
+    if kind == "matrix":
+        check_square_fit(logits.shape[-1], logits.dtype, "fit_matrix_scaling")
     params = _fit(logits, labels, where, tol, kind=kind, max_iter=max_iter)
     _validate.warn_if_suspicious(logits, labels, where, name=f"fit_{kind}_scaling")
     return params

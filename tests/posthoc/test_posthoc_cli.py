@@ -220,7 +220,7 @@ def test_bad_workdirs_and_flags_are_one_line(tmp_path, capsys):
         (("--workdir", tmp_path / "nope", *m), "does not exist"),
         (("--workdir", empty, *m), ("has no logits/val.npz and logits/test.npz, "
          "checkpoints or config.json: it is not the workdir")),
-        (("--workdir", config_only, *m), "and no checkpoints: the run stopped"),
+        (("--workdir", config_only, *m), "and no checkpoint: the run stopped"),
         (("--workdir", unfinished, *m), ("has checkpoints but no logits/val.npz and "
          "logits/test.npz: the run has not finished")),
         (("--workdir", no_val, *m), "no logits/val.npz to fit on"),

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 JOBS ?= 2
 DEMO_DIR ?= runs/benchmark_digits
 
-.PHONY: demo test test-slow test-load bench install clean-venv
+.PHONY: demo test test-slow test-load update-expected bench install clean-venv
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "calib_jax needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -58,6 +58,16 @@ test-slow: $(STAMP) $(TPU_AOT_STAMP)
 	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m 'long and not slow' --durations=20 tests
 	JAX_PLATFORMS=cpu $(PY) -m pytest -n $(JOBS) -m slow tests --deselect $(TPU_TEST)
 	JAX_PLATFORMS=cpu $(PY) -m pytest -m slow $(TPU_TEST)
+
+# Reruns the quick benchmark and the demo grid (about 8 min on a quiet 2-core
+# CPU) and rewrites tests/benchmark/expected/ and the README's claims summary
+# from them: run it, and say why in the commit message, when results change on
+# purpose. UPDATE_QUICK_DIR / UPDATE_DEMO_DIR: finished runs to read back instead.
+UPDATE_QUICK_DIR ?=
+UPDATE_DEMO_DIR ?=
+update-expected: $(STAMP)
+	$(PY) experiments/update_expected.py --quick_workdir=$(UPDATE_QUICK_DIR) \
+		--demo_workdir=$(UPDATE_DEMO_DIR)
 
 bench: $(STAMP)
 	$(PY) benchmarks/losses.py

@@ -281,7 +281,8 @@ def claims(rows, table: tuple[Claim, ...] = CLAIMS) -> list[dict]:
 
     Differences are paired by seed (method minus baseline, in percentage
     points of the metric); a claim holds when each is negative by more than
-    its SEM.
+    its detectable difference (:func:`.aggregation.verdict`). The report and
+    the README print the entries with :func:`.tables.claims_table`.
     """
     methods = set(agg.methods(rows))
     out = []

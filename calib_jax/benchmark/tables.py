@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from calib_jax.benchmark import aggregation as agg
-from calib_jax.benchmark import conformal_sets, evaluate, paper_claims
+from calib_jax.benchmark import conformal_sets, evaluate
 
 # The columns of the soft-calibration paper's Table 2: (header, calibrator,
 # row key); None is the ECE convention of the table.
@@ -210,8 +210,12 @@ def bootstrap_table(rows, confidence: float = 0.95) -> list[str]:
     ]
 
 
-def claims_table(rows) -> list[str]:
-    """The claims of :data:`calib_jax.benchmark.paper_claims.CLAIMS` on ``rows``."""
+def claims_table(entries) -> list[str]:
+    """The claims table of ``entries`` (:func:`.paper_claims.claims` of some rows).
+
+    The report's *Claims* section and the README's claims summary both print
+    this table.
+    """
     return markdown(
         [
             "paper",
@@ -230,6 +234,6 @@ def claims_table(rows) -> list[str]:
                 c["detectable"],
                 c["verdict"],
             ]
-            for c in paper_claims.claims(rows)
+            for c in entries
         ],
     )

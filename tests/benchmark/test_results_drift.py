@@ -1,0 +1,242 @@
+"""The quick benchmark's numbers and verdicts against the kept expected run.
+
+``make test-slow`` reruns ``configs/benchmark_digits.py:quick`` (about 2
+minutes on 2 cores; the run is deterministic on the CPU) and compares it with
+``tests/benchmark/expected/quick``: every field of every row of
+``results.jsonl``, rows matched by :data:`KEYS` (not by line order), numbers
+within :data:`RTOL` relative or :data:`ATOL` absolute, everything else equal;
+and the verdict of every claim (``claims.json``). A row or claim added or
+missing is a difference too. The failure names the first :data:`SHOWN`
+differences (row, field, expected and new value) and their count.
+
+A change of results on purpose regenerates the expected files with ``make
+update-expected`` and says why in its commit message (README, *Claims on the
+digits grid*). The comparison itself is tested here on the kept rows, in
+``make test``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from etils import epath
+
+from calib_jax.benchmark import paper_claims, runner
+
+ROOT = epath.Path(__file__).resolve().parent.parent.parent
+EXPECTED = epath.Path(__file__).resolve().parent / "expected" / "quick"
+QUICK_CONFIG = "configs/benchmark_digits.py:quick"
+# A row's identity: (method, calibrator, seed, shift); shift names the set
+# ('clean' or '<corruption>/<severity>').
+KEYS = ("method", "calibrator", "seed", "shift")
+RTOL = 1e-6
+# The floor for values near 0: rows hold float32 values, whose resolution is
+# over 1e-9 for any value above 1e-2.
+ATOL = 1e-9
+# Wall-clock fields left out of the comparison: the rows hold none (a cell's
+# seconds are printed, not written); a timing field added to the rows goes here.
+TIMING_FIELDS: frozenset[str] = frozenset()
+SHOWN = 10
+
+
+def _flat(value, prefix: str = "") -> dict:
+    """``{field: value}`` with nested dicts as ``'fit.temperature'``."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out |= _flat(v, f"{prefix}.{k}" if prefix else k)
+        return out
+    return {prefix: value}
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _same(expected, got) -> bool:
+    if _number(expected) and _number(got):
+        if math.isnan(expected) or math.isnan(got):
+            return math.isnan(expected) and math.isnan(got)
+        return abs(got - expected) <= max(RTOL * abs(expected), ATOL)
+    return expected == got
+
+
+def _index(rows, what: str) -> dict:
+    out = {}
+    for r in rows:
+        key = " ".join(f"{k}={r.get(k)}" for k in KEYS)
+        if key in out:
+            raise ValueError(f"two {what} rows with {key}")
+        out[key] = _flat(r)
+    return out
+
+
+def row_differences(expected: list[dict], got: list[dict]) -> list[str]:
+    """One line per difference of ``got`` from ``expected`` (rows by :data:`KEYS`)."""
+    want, have = _index(expected, "expected"), _index(got, "new")
+    out = [f"missing row {k}" for k in want if k not in have]
+    out += [f"added row {k}" for k in have if k not in want]
+    absent = "(absent)"
+    for key in (k for k in want if k in have):
+        a, b = want[key], have[key]
+        for field in dict.fromkeys([*a, *b]):
+            if field in TIMING_FIELDS:
+                continue
+            if field not in a or field not in b or not _same(a[field], b[field]):
+                e, g = a.get(field, absent), b.get(field, absent)
+                out.append(f"row {key}, {field}: expected {e!r}, new {g!r}")
+    return out
+
+
+def claim_differences(expected: list[dict], got: list[dict]) -> list[str]:
+    """One line per claim whose verdict changed, or that is new or missing."""
+    want = {(c["paper"], c["claim"]): c["verdict"] for c in expected}
+    have = {(c["paper"], c["claim"]): c["verdict"] for c in got}
+    out = [f"missing claim {k}" for k in want if k not in have]
+    out += [f"added claim {k}" for k in have if k not in want]
+    out += [
+        f"claim {k}, verdict: expected {want[k]!r}, new {have[k]!r}"
+        for k in want
+        if k in have and want[k] != have[k]
+    ]
+    return out
+
+
+def summary(differences: list[str]) -> str:
+    shown = differences[:SHOWN]
+    head = f"{len(differences)} differences from {EXPECTED}"
+    head += f" (the first {len(shown)})" if len(shown) < len(differences) else ""
+    return "\n".join([head + ":", *shown])
+
+
+def _expected_rows() -> list[dict]:
+    return runner.read_rows(EXPECTED / runner.RESULTS_FILE)
+
+
+def _expected_claims() -> list[dict]:
+    return json.loads((EXPECTED / "claims.json").read_text())
+
+
+@pytest.mark.slow
+def test_quick_benchmark_matches_the_expected_rows_and_verdicts(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    command = [sys.executable, "-m", "calib_jax.benchmark", "--config", QUICK_CONFIG]
+    done = subprocess.run(
+        [*command, "--workdir", str(tmp_path)],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = runner.read_rows(tmp_path / runner.RESULTS_FILE)
+    differences = row_differences(_expected_rows(), rows)
+    differences += claim_differences(_expected_claims(), paper_claims.claims(rows))
+    if differences:
+        pytest.fail(summary(differences), pytrace=False)
+
+
+def test_kept_rows_match_themselves_in_any_order():
+    rows = _expected_rows()
+    assert rows
+    assert row_differences(rows, list(reversed(copy.deepcopy(rows)))) == []
+    claims = _expected_claims()
+    assert claim_differences(claims, paper_claims.claims(rows)) == []
+
+
+def _moved(rows, index: int, field: str, factor: float) -> tuple[list[dict], str]:
+    got = copy.deepcopy(rows)
+    r = got[index]
+    key = " ".join(f"{k}={r[k]}" for k in KEYS)
+    r[field] *= factor
+    return got, key
+
+
+@pytest.mark.parametrize("index", [0, 123, 769])
+def test_a_number_moved_by_1e_5_relative_is_named(index):
+    rows = _expected_rows()
+    got, key = _moved(rows, index, "ece", 1 + 1e-5)
+    new = got[index]["ece"]
+    assert row_differences(rows, got) == [
+        f"row {key}, ece: expected {rows[index]['ece']!r}, new {new!r}"
+    ]
+
+
+def test_a_move_within_tolerance_passes():
+    rows = _expected_rows()
+    got, _ = _moved(rows, 5, "nll", 1 + 5e-7)
+    assert row_differences(rows, got) == []
+
+
+def test_values_near_zero_use_the_absolute_floor():
+    base = {"method": "ce", "calibrator": "none", "seed": 0, "shift": "clean"}
+    zero = [base | {"ece": 0.0}]
+    assert row_differences(zero, [base | {"ece": 5e-10}]) == []
+    key = "method=ce calibrator=none seed=0 shift=clean"
+    assert row_differences(zero, [base | {"ece": 2e-9}]) == [
+        f"row {key}, ece: expected 0.0, new 2e-09"
+    ]
+    nan = [base | {"ece": math.nan}]
+    assert row_differences(nan, copy.deepcopy(nan)) == []
+    assert len(row_differences(nan, zero)) == 1
+
+
+def test_a_nested_fit_parameter_is_compared():
+    rows = _expected_rows()
+    index = next(i for i, r in enumerate(rows) if "fit" in r)
+    got = copy.deepcopy(rows)
+    got[index]["fit"]["temperature"] *= 1 + 1e-5
+    (line,) = row_differences(rows, got)
+    assert ", fit.temperature: expected " in line
+
+
+def test_added_missing_and_retyped_rows_and_fields_are_differences():
+    rows = _expected_rows()
+    got = copy.deepcopy(rows)
+    dropped = got.pop(7)
+    extra = dict(got[0], seed=9)
+    got.append(extra)
+    del got[0]["brier"]
+    got[1]["calibrator_note"] = "x"
+    got[2]["corruption"] = "other"
+    key = " ".join(f"{k}={dropped[k]}" for k in KEYS)
+    diffs = row_differences(rows, got)
+    assert diffs[:2] == [
+        f"missing row {key}",
+        "added row method=ce calibrator=none seed=9 shift=clean",
+    ]
+    assert len(diffs) == 5
+    assert "brier: expected" in diffs[2] and diffs[2].endswith("new '(absent)'")
+    assert "calibrator_note: expected '(absent)', new 'x'" in diffs[3]
+    assert "corruption: expected" in diffs[4] and diffs[4].endswith("new 'other'")
+
+
+def test_a_flipped_verdict_is_named():
+    claims = _expected_claims()
+    got = copy.deepcopy(claims)
+    was = got[1]["verdict"]
+    got[1]["verdict"] = "does not hold" if was != "does not hold" else "holds"
+    key = (claims[1]["paper"], claims[1]["claim"])
+    assert claim_differences(claims, got) == [
+        f"claim {key}, verdict: expected {was!r}, new {got[1]['verdict']!r}"
+    ]
+    without = claims[:1] + claims[2:]
+    assert claim_differences(claims, without) == [f"missing claim {key}"]
+    assert claim_differences(without, claims) == [f"added claim {key}"]
+
+
+def test_summary_shows_the_first_differences_and_their_count():
+    lines = [f"d{i}" for i in range(25)]
+    text = summary(lines)
+    assert text.splitlines() == [
+        f"25 differences from {EXPECTED} (the first {SHOWN}):",
+        *lines[:SHOWN],
+    ]
+    assert summary(lines[:2]).splitlines()[0] == f"2 differences from {EXPECTED}:"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -117,6 +119,39 @@ def test_ctrl_c_is_one_line_and_leaves_no_output(inputs, tmp_path, capsys, monke
     assert code == 130
     assert stderr.strip().splitlines()[-1] == "interrupted"
     assert _files(out) == []
+
+
+# The command, with posthoc.fit replaced by one that raises KeyboardInterrupt
+# as Ctrl-C does.
+_INTERRUPTED = """
+import runpy, sys
+from calib_jax import posthoc
+
+def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+posthoc.fit = interrupted
+sys.argv = ["posthoc", *sys.argv[1:]]
+runpy.run_module("calib_jax.posthoc", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_ctrl_c_ends_the_command_with_status_130(inputs, tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    argv = ["--val", inputs / "val.npz", "--test", inputs / "test.npz"]
+    argv += ["--method", "ts:nll", "--out", tmp_path / "out"]
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED, *map(str, argv)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "interrupted"
+    assert not (tmp_path / "out").exists()
 
 
 def test_temporary_files_of_a_killed_run_do_not_block_the_rerun(

@@ -183,6 +183,33 @@ def loss_field(terms: Sequence[Mapping[str, object]], what: str = "loss"):
     return FieldReference(loss_config(terms, what), field_type=object)
 
 
+def _string_loss(text: str, what: str) -> ValueError:
+    """The error for ``config.<what>`` given as a string.
+
+    A name is not taken as the objective: ``focal`` names both a loss (its
+    defaults) and an objective (``gamma=3``), ``mdca`` a loss alone and an
+    objective with cross-entropy, so the message shows both spellings.
+    """
+    if text.lstrip().startswith(("(", "[", "{")):
+        return ValueError(
+            f"config.{what}: could not parse {text!r} as a tuple of term dicts "
+            "(are its brackets and quotes closed?); write e.g. "
+            f"--config.{what}=\"({{'name': 'cross_entropy'}}, {{'name': 'mdca', "
+            "'weight': 2.0})\"."
+        )
+    name = text.strip() or "cross_entropy"
+    hint = (
+        f"; the '{name}' method of the configs is {OBJECTIVES[name]!r}"
+        if name in OBJECTIVES
+        else ""
+    )
+    return ValueError(
+        f"config.{what} must be a tuple of term dicts, got the string {text!r}; "
+        f"write --config.{what}=\"({{'name': '{name}'}},)\" for that loss "
+        f"alone{hint}."
+    )
+
+
 def loss_terms(loss, what: str = "loss") -> tuple[dict, ...]:
     """The loss terms of ``config.<what>`` in either form, in summation order.
 
@@ -196,8 +223,12 @@ def loss_terms(loss, what: str = "loss") -> tuple[dict, ...]:
       ``({'name': ..., 'weight': ..., **hyperparameters}, ...)``.
 
     Raises:
-      ValueError: a field form whose ``terms`` do not match its term fields.
+      ValueError: a field form whose ``terms`` do not match its term fields,
+        or a string (a loss or objective name, or a tuple literal that could
+        not be parsed); the message gives the syntax.
     """
+    if isinstance(loss, str):
+        raise _string_loss(loss, what)
     if not _is_mapping(loss) or TERMS not in loss:
         return loss
     keys = loss[TERMS]

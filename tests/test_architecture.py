@@ -173,9 +173,12 @@ LAZY = {
     # so a wrong flag fails at once.
     ("calib_jax.benchmark.__main__", "calib_jax.benchmark.runner"),
     ("calib_jax.benchmark.__main__", "calib_jax.train.checkpoint"),
+    ("calib_jax.benchmark.__main__", "calib_jax.train.loop"),
     ("calib_jax.evaluate.__main__", "calib_jax.evaluate._run"),
     ("calib_jax.train.__main__", "calib_jax.train.checkpoint"),
     ("calib_jax.train.__main__", "calib_jax.train.loop"),
+    # ... and the model's options named when a --config.model.kwargs.x fails.
+    ("calib_jax.train.cli", "calib_jax.models"),
     # Configs import these modules: they must not pull in JAX.
     ("calib_jax.objectives", "calib_jax.losses"),
     ("calib_jax.benchmark.grid", "calib_jax.posthoc"),

@@ -10,8 +10,12 @@ runs every cell (the train steps span all devices), process 0 writes the rows
 and the report, and the workdir must be on storage all hosts share (a
 ``gs://`` bucket, NFS). A malformed or unreachable ``gs://`` workdir is one
 line, exit status 2, before any compute. Storage that fails while a cell's
-checkpoint is saved is one line naming the path, exit status 4; rerunning
-resumes.
+checkpoint or its ``metrics.jsonl`` is written is one line naming the path,
+exit status 4; rerunning resumes. A second benchmark on a workdir in use, and
+a training run's workdir, are refused (one line, exit status 2). Ctrl-C
+(SIGINT) saves the training cell's checkpoint at its next step (outside the
+training steps it stops at once), prints one line and exits with status 130;
+rerunning resumes.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from calib_jax.train import distributed  # defines the multi-host flags
-from calib_jax.train.cli import fail, parse_flags
+from calib_jax.train.cli import fail, interrupted, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -40,6 +44,7 @@ def main(argv):
     del argv
     from calib_jax.benchmark.runner import run  # after flag parsing
     from calib_jax.train.checkpoint import CheckpointSaveError
+    from calib_jax.train.loop import Interrupted, MetricsWriteError
 
     # absl shows INFO records of every library; fsspec logs one per remote read.
     for name in ("absl", "fsspec"):
@@ -56,8 +61,12 @@ def main(argv):
         fail(str(e))
     except FloatingPointError as e:  # a training cell diverged
         fail(str(e), status=3)
-    except CheckpointSaveError as e:  # storage failed mid-save; rerun resumes
+    except (CheckpointSaveError, MetricsWriteError) as e:  # rerun resumes
         fail(str(e), status=4, at_once=True)  # stalled writes may never end
+    except Interrupted as e:  # Ctrl-C in a cell's training: a checkpoint was saved
+        interrupted(str(e))
+    except KeyboardInterrupt:
+        interrupted()
     import jax  # already imported by the runner
 
     if jax.process_index() == 0:

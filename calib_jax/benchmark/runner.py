@@ -24,6 +24,8 @@ from calib_jax.train import workdir as workdir_lib
 from calib_jax.train.loop import train_and_evaluate
 
 CONFIG_FILE = "benchmark_config.json"
+# The file that marks a training run's workdir (calib_jax.train.workdir.claim).
+TRAIN_CONFIG_FILE = "config.json"
 RESULTS_FILE = "results.jsonl"
 # Logging and the report's figures may change between runs of one benchmark.
 RESUMABLE_KEYS = ("log", "report")
@@ -35,8 +37,9 @@ def check_workdir(config: ConfigDict, workdir: epath.PathLike) -> None:
     :func:`calib_jax.train.workdir.claim` with the benchmark's file.
 
     Raises:
-      ValueError: ``workdir`` is malformed, unreachable or not a directory, or
-        it holds results of a different benchmark config.
+      ValueError: ``workdir`` is malformed, unreachable, not a directory or
+        not writable, or it holds results of a different benchmark config or
+        a training run.
     """
     workdir_lib.claim(
         config,
@@ -45,6 +48,7 @@ def check_workdir(config: ConfigDict, workdir: epath.PathLike) -> None:
         resumable=RESUMABLE_KEYS,
         loss_fields=("train.loss", "train.interleaved.secondary"),
         holds="results of a different benchmark config",
+        foreign={TRAIN_CONFIG_FILE: "a training run"},
     )
 
 
@@ -188,9 +192,19 @@ def run(config: ConfigDict, workdir: str | epath.PathLike) -> epath.Path:
 
     Returns:
       The path of ``report.md``.
+
+    Raises:
+      ValueError: as :func:`validate`, or another benchmark is using
+        ``workdir`` (the lock of :func:`calib_jax.train.workdir.lock`; each
+        cell's training run locks its own directory under ``cells/``).
     """
     workdir = storage.as_path(workdir, what="--workdir")
     validate(config, workdir)
+    with workdir_lib.lock(workdir):
+        return _run(config, workdir)
+
+
+def _run(config: ConfigDict, workdir: epath.Path) -> epath.Path:
     todo = grid.cells(config)
     primary = jax.process_index() == 0
     tb = tensorboard.enabled(config) and primary

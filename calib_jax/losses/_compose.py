@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
@@ -85,6 +86,9 @@ def compose(
     """Builds ``(logits, labels, where=None) -> (total, {'loss/<term>': value})``.
 
     Used through :func:`calib_jax.losses.composite`, which supplies the registry.
+    A term's weight must be a finite number >= 0; a weight of 0 switches the
+    term off (it is still computed and logged, adding nothing to the total).
+    A negative weight would maximise the term and is refused.
     """
     if isinstance(terms, Mapping) or not terms:
         raise ValueError(
@@ -111,10 +115,15 @@ def compose(
             raise ValueError(
                 f"loss term '{name}': weight must be a number, got {weight!r}."
             )
-        fn = bind(name, registry[name], term)
         # Repeated names (e.g. two focal terms) get a numeric suffix in the logs.
         seen[name] = seen.get(name, 0) + 1
         key = f"loss/{name}" if seen[name] == 1 else f"loss/{name}_{seen[name]}"
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ValueError(
+                f"loss term '{key[5:]}': weight must be a finite number >= 0 (0 "
+                f"switches the term off), got {weight}."
+            )
+        fn = bind(name, registry[name], term)
         built.append((key, weight, fn, name in batch_level))
 
     def objective(logits, labels, where=None):

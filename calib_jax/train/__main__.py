@@ -7,9 +7,14 @@ Multi-host: run the same command on every host with ``--coordinator_address``,
 User errors (a config typo, an unknown name, a bad workdir) end the run with one
 line on stderr and exit code 2, before any compute starts. A run that diverges
 (non-finite loss or parameters) ends with one line and exit code 3; its good
-checkpoints are kept. Storage that fails while a checkpoint is saved ends
-the run with one line naming the checkpoint's path and exit code 4; rerunning
-the same command resumes from the last complete checkpoint.
+checkpoints are kept. Storage that fails while a checkpoint is saved or
+while ``metrics.jsonl`` is appended (a full disk) ends the run with one line
+naming the path and exit code 4; rerunning the same command resumes from the
+last complete checkpoint. A second run on a workdir that a run is using is
+refused (one line, exit code 2). SIGTERM saves a checkpoint at the next step
+and exits 0; Ctrl-C (SIGINT) does the same, then exits 130 with one line
+(pressed twice, or outside the training steps, it stops at once, also with
+one line and 130); rerunning resumes.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from calib_jax.train import distributed  # defines the multi-host flags
-from calib_jax.train.cli import fail, parse_flags
+from calib_jax.train.cli import fail, interrupted, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a config file (optionally ':arg').", lock_config=True
@@ -34,7 +39,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     del argv
     from calib_jax.train.checkpoint import CheckpointSaveError  # after flag parsing
-    from calib_jax.train.loop import train_and_evaluate
+    from calib_jax.train.loop import Interrupted, MetricsWriteError, train_and_evaluate
 
     # absl shows INFO records of every library; fsspec logs one per remote read.
     for name in ("absl", "fsspec"):
@@ -54,8 +59,12 @@ def main(argv):
         fail(str(e))
     except FloatingPointError as e:  # a diverged run (see calib_jax.train.loop)
         fail(str(e), status=3)
-    except CheckpointSaveError as e:  # storage failed mid-save; rerun resumes
+    except (CheckpointSaveError, MetricsWriteError) as e:  # rerun resumes
         fail(str(e), status=4, at_once=True)  # stalled writes may never end
+    except Interrupted as e:  # Ctrl-C: a checkpoint was saved
+        interrupted(str(e))
+    except KeyboardInterrupt:
+        interrupted()
     import jax  # already imported by the loop
 
     if jax.process_index() != 0:

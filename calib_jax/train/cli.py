@@ -95,6 +95,88 @@ def fail(message: str, status: int = 2, *, at_once: bool = False) -> None:
     sys.exit(status)
 
 
+# The exit status of a run stopped by SIGINT (128 + the signal's number).
+INTERRUPTED_STATUS = 130
+
+
+def interrupted(message: str | None = None) -> None:
+    """Ends a run stopped by Ctrl-C (SIGINT) with one line and exit status 130.
+
+    ``message`` says what was saved; without it the run stopped where it
+    was, and a rerun resumes from its last complete checkpoint. The process
+    ends without waiting for its other threads (an input prefetch or a
+    checkpoint write the signal cut short).
+    """
+    if message is None:
+        message = (
+            "interrupted; rerun the same command to resume from the last "
+            "complete checkpoint."
+        )
+    print(message, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(INTERRUPTED_STATUS)
+
+
+def model_options(name: str) -> list[str]:
+    """The options (``config.model.kwargs``) model ``name`` takes."""
+    import dataclasses  # noqa: PLC0415
+
+    from calib_jax import models  # noqa: PLC0415 - JAX, only for this message
+
+    cls = models.MODELS.get(name)
+    if cls is None:
+        return ["(unknown model)"]
+    fixed = ("parent", "name", "num_classes")
+    return [f.name for f in dataclasses.fields(cls) if f.name not in fixed]
+
+
+def _unknown_override(argv: Sequence[str]) -> str | None:
+    """The message for the first ``--config.<path>`` naming no field, else None.
+
+    It names the fields that the parent of the missing one has, or, for
+    ``config.model.kwargs`` (empty until set), the model's options; another
+    empty parent is set whole, which the message shows.
+    """
+    files = []
+    for token, after in zip(argv[1:], [*argv[2:], ""], strict=True):
+        flag, eq, value = token.partition("=")
+        if flag in ("--config", "-config"):
+            files.append(value if eq else after)
+    if not files:
+        return None
+    try:  # the overrides failed before the flag kept the loaded config
+        config = flags.FLAGS["config"].parser.parse(files[-1])
+    except Exception:  # noqa: BLE001 - the caller reports the original error
+        return None
+    for token in argv[1:]:
+        if not token.startswith(("--config.", "-config.")):
+            continue
+        path, _, value = token.split(".", 1)[1].partition("=")
+        node, parents = config, []
+        for part in path.split("."):
+            keys = node.keys() if hasattr(node, "keys") else None
+            if keys is None:
+                break
+            if part not in keys:
+                where = ".".join(["config", *parents])
+                if keys:
+                    have = f"its fields: {', '.join(sorted(keys))}"
+                elif parents == ["model", "kwargs"]:
+                    have = f"the options of model '{config.model.name}': " + ", ".join(
+                        model_options(config.model.name)
+                    )
+                else:
+                    have = (
+                        f"it has none; set it whole, e.g. --{where}=\"{{'{part}': "
+                        f'{value or "..."}}}"'
+                    )
+                return f"--config.{path}: {where} has no field '{part}' ({have})."
+            node = node[part]
+            parents.append(part)
+    return None
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl flag parsing with config errors (typos, bad values) as one line.
 
@@ -113,6 +195,9 @@ def parse_flags(argv: list[str]) -> list[str]:
         # config_flags raises these for a misspelt or ill-typed --config.x=y;
         # their text is a repr with escaped quotes and newlines.
         text = str(e).encode("utf-8").decode("unicode_escape").replace("'", "")
+        unknown = None if "Did you mean" in text else _unknown_override(argv)
+        if unknown:
+            fail(unknown)
         fail(f"bad --config override: {text}")
     except ImportError as e:  # the config file (loaded to apply overrides) failed
         fail(f"could not load --config: {type(e).__name__}: {e}")

@@ -6,6 +6,7 @@ import collections
 import json
 import logging
 import math
+import os
 import signal
 import time
 
@@ -19,22 +20,33 @@ from calib_jax import progress as progress_lib
 from calib_jax import storage, tensorboard
 from calib_jax.data import prefetch
 from calib_jax.train import setup as setup_lib
+from calib_jax.train import workdir as workdir_lib
 from calib_jax.train.checkpoint import Checkpointer, CheckpointSaveError
 
 
-class _Preemption:
-    """Turns SIGTERM into a stop request the loop checks between steps.
+class Interrupted(Exception):  # noqa: N818 - it is not an error of the run
+    """SIGINT (Ctrl-C) stopped the run after saving a checkpoint; one-line message."""
 
-    Single process: a Python SIGTERM handler sets a flag. Multi-process: JAX's
+
+class MetricsWriteError(OSError):
+    """Storage failed while ``metrics.jsonl`` was appended; its message is one line."""
+
+
+class _Preemption:
+    """Turns SIGTERM and SIGINT into a stop request the loop checks between steps.
+
+    Single process: a Python handler of both signals sets a flag (a second
+    SIGINT raises ``KeyboardInterrupt`` at once). Multi-process: JAX's
     preemption service (on by default after ``jax.distributed.initialize``)
     already catches SIGTERM on any host and agrees with every process on one
     step to stop at; :meth:`stop_after` asks it, so all processes save the
-    same step together.
+    same step together (SIGINT keeps its default there).
     """
 
     def __init__(self):
         self.requested = False
-        self._previous = None
+        self.signal = None  # the signal that asked to stop (single process)
+        self._previous = {}
         self._sync = jax.process_count() > 1 and bool(
             jax.config.jax_enable_preemption_service
         )
@@ -42,15 +54,19 @@ class _Preemption:
     def __enter__(self):
         if self._sync:
             return self
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread: no signal handling
-            self._previous = None
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread: no signal handling
+                break
         return self
 
     def _handle(self, signum, frame):
-        del signum, frame
+        del frame
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # pressed twice: stop without saving
         self.requested = True
+        self.signal = signal.Signals(signum)
 
     def stop_after(self, step: int) -> bool:
         """Whether to checkpoint and stop after ``step`` (call at every step)."""
@@ -59,14 +75,18 @@ class _Preemption:
         return self.requested
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
 
 class JsonlWriter:
     """Appends one JSON object per line to ``<workdir>/metrics.jsonl`` (process 0).
 
-    In an object store (no append) each write rewrites the file whole.
+    In an object store (no append) each write rewrites the file whole. A
+    record is written in one call; when storage fails (a full disk), a local
+    file is cut back to its last whole record and :class:`MetricsWriteError`
+    is raised (a torn line that stays is dropped on resume,
+    :meth:`truncate_after`).
     """
 
     def __init__(self, path: epath.PathLike):
@@ -88,7 +108,23 @@ class JsonlWriter:
             if len(kept) != len(lines):
                 storage.write_text(self.path, "".join(kept) + json.dumps(row) + "\n")
                 return
-        storage.append_text(self.path, json.dumps(row) + "\n")
+        self._append(json.dumps(row) + "\n")
+
+    def _append(self, line: str) -> None:
+        remote = storage.is_remote(self.path)
+        size = None if remote or not self.path.exists() else os.path.getsize(self.path)
+        try:
+            storage.append_text(self.path, line)
+        except OSError as e:
+            if not remote:
+                try:  # drop the part of the record that was written
+                    os.truncate(self.path, size or 0)
+                except OSError:
+                    pass  # the reader drops a torn last line on resume
+            raise MetricsWriteError(
+                f"could not append to {self.path}: {e.strerror or e}; free space "
+                "and rerun the same command to resume from the last checkpoint."
+            ) from None
 
     def truncate_after(self, step: int) -> None:
         """Drops the records of steps after ``step`` (and a torn last line).
@@ -247,26 +283,32 @@ def train_and_evaluate(
 
     Everything that can be wrong with the config, the names in it or the
     workdir (and the TensorBoard log directory of ``config.log``) is checked
-    before any compute, and before anything is written to the workdir.
+    before any compute, and before anything is written to the workdir. The
+    run then holds the workdir's lock (:func:`calib_jax.train.workdir.lock`):
+    a second run in the same workdir is refused with a ``ValueError``.
     Storage that fails while a checkpoint is saved stops the run with a
-    :class:`~calib_jax.train.checkpoint.CheckpointSaveError` naming the path;
-    rerun to resume from the last complete checkpoint. ``progress=False``
+    :class:`~calib_jax.train.checkpoint.CheckpointSaveError` naming the path,
+    and while ``metrics.jsonl`` is appended with a :class:`MetricsWriteError`;
+    rerun to resume from the last complete checkpoint. SIGTERM saves a
+    checkpoint at the next step boundary and returns ``{}``; SIGINT (Ctrl-C)
+    does the same, then raises :class:`Interrupted`. ``progress=False``
     hides the bars of the steps and of the evaluation; ``progress_level=1``
     draws them under an outer bar (the benchmark's cell bar). Returns the
     final evaluation. ``workdir`` may be local or a ``gs://`` URL.
     """
     workdir = storage.as_path(workdir, what="--workdir")
     run = setup_lib.build(config, workdir)  # validates; raises ValueError
-    tb = tensorboard.from_config(config, workdir)  # raises ValueError
-    ckpt = Checkpointer(
-        workdir, save_timeout_s=config.get("checkpoint_timeout_s", 1200)
-    )
-    try:
-        return _train(config, workdir, run, ckpt, tb, progress, progress_level)
-    except CheckpointSaveError:
-        tb.close()
-        ckpt.abandon()  # storage failed mid-save; the error names the path
-        raise
+    with workdir_lib.lock(workdir):  # before the checkpoints are touched
+        tb = tensorboard.from_config(config, workdir)  # raises ValueError
+        ckpt = Checkpointer(
+            workdir, save_timeout_s=config.get("checkpoint_timeout_s", 1200)
+        )
+        try:
+            return _train(config, workdir, run, ckpt, tb, progress, progress_level)
+        except (CheckpointSaveError, MetricsWriteError):
+            tb.close()
+            ckpt.abandon()  # storage failed; the error names the path
+            raise
 
 
 def _train(
@@ -371,6 +413,11 @@ def _train(
                 ckpt.close()
                 bar.close()
                 tb.close()
+                if preempt.signal == signal.SIGINT:
+                    raise Interrupted(
+                        f"interrupted: saved step {done} in {workdir}; rerun the "
+                        "same command to resume."
+                    )
                 logging.warning(
                     "SIGTERM: saved step %d and stopped; rerun to resume.", done
                 )

@@ -34,6 +34,8 @@ from calib_jax.train.validation import validate
 
 # Loss terms, compared as the terms they define (either form).
 LOSS_FIELDS = ("loss", "interleaved.secondary")
+# The file that marks a benchmark's workdir (calib_jax.benchmark.runner).
+BENCHMARK_FILE = "benchmark_config.json"
 # Keys that may differ between the config of a run and its resumption.
 RESUMABLE_KEYS = (
     "log_every",
@@ -53,13 +55,15 @@ def check_workdir(
     """Checks that ``workdir`` can hold this run; writes ``config.json`` if new.
 
     :func:`calib_jax.train.workdir.claim` with the trainer's file and the keys
-    a resumed run may change (:data:`RESUMABLE_KEYS`).
+    a resumed run may change (:data:`RESUMABLE_KEYS`); a benchmark's workdir
+    is refused.
     """
     workdir_lib.claim(
         config,
         workdir,
         resumable=RESUMABLE_KEYS,
         loss_fields=LOSS_FIELDS,
+        foreign={BENCHMARK_FILE: "a benchmark's results"},
         write=write,
     )
 

@@ -23,8 +23,8 @@ from ml_collections import ConfigDict
 
 from calib_jax import losses, models, objectives
 from calib_jax.data import augment as augment_lib
+from calib_jax.train import cli, optim
 from calib_jax.train import mesh as mesh_lib
-from calib_jax.train import optim
 from calib_jax.train import step as step_lib
 from calib_jax.train.state import TrainState, create
 
@@ -70,9 +70,21 @@ def make_model(config: ConfigDict, num_classes: int):
 
     Raises:
       ValueError: an unknown model name or dtype, or a misspelt
-        ``config.model.kwargs``.
+        ``config.model.kwargs`` (the model's options are listed).
     """
-    return models.from_config(config.model, num_classes=num_classes)
+    try:
+        return models.from_config(config.model, num_classes=num_classes)
+    except ValueError as e:
+        if not (
+            str(e).startswith("config.model.kwargs:")
+            and config.model.name in models.MODELS
+        ):
+            raise
+        options = cli.model_options(config.model.name)
+        raise ValueError(
+            f"{str(e).rstrip('.')}; the options of model '{config.model.name}' "
+            f"are: {', '.join(options)}."
+        ) from None
 
 
 def make_objective(config: ConfigDict, what: str = "loss"):

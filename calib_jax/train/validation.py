@@ -3,19 +3,78 @@
 :func:`validate` is what the trainer runs before it touches anything, and what
 the benchmark runs for the config of every cell before it writes anything:
 numbers and their domains, names (losses and their hyperparameters, model,
-augmentation, shifts, OOD set) and batch sizes against the devices.
+augmentation, shifts, OOD set), batch sizes against the devices, and the
+memory of loss terms whose size grows with a bin count.
 """
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 from ml_collections import ConfigDict
 
+from calib_jax import _memory, losses, objectives
 from calib_jax import data as data_lib
 from calib_jax.train import evaluate as eval_lib
 from calib_jax.train import mesh as mesh_lib
 from calib_jax.train import sharded_step, two_stage
 
 CALIBRATION_STATS = ("global", "per_device")
+# A loss term with a ``num_bins`` is measured (compiled for its memory) only
+# when one [rows, num_bins] float32 array, a lower bound, exceeds this.
+MEASURE_ABOVE_BYTES = 2**26
+
+
+def _term_bytes(term: dict, rows: int, num_classes: int) -> int:
+    """Memory of one loss term and its gradient on ``rows`` rows, from XLA.
+
+    The term is compiled (not run) for a [rows, num_classes] batch; without
+    XLA's memory analysis, one [rows, num_bins] float32 array is the estimate.
+    """
+    objective = losses.composite([term])
+
+    def grad(logits, labels, mask):
+        return jax.grad(lambda z: objective(z, labels, mask)[0])(logits)
+
+    args = (
+        jax.ShapeDtypeStruct((rows, num_classes), jnp.float32),
+        jax.ShapeDtypeStruct((rows,), jnp.int32),
+        jax.ShapeDtypeStruct((rows,), jnp.bool_),
+    )
+    stats = jax.jit(grad).lower(*args).compile().memory_analysis()
+    if stats is None:
+        return 4 * rows * int(term["num_bins"])
+    return int(
+        stats.temp_size_in_bytes
+        + stats.argument_size_in_bytes
+        + stats.output_size_in_bytes
+    )
+
+
+def check_loss_memory(config: ConfigDict, num_classes: int, what: str = "loss"):
+    """ValueError (one line) for a loss term whose bins cannot fit in memory.
+
+    A term's ``num_bins`` sets the size of its per-step arrays (a soft
+    binning is a [rows, num_bins] membership matrix): a huge count would
+    fail only after the run started, in XLA's allocation. The rows are the
+    training batch's share of one device.
+    """
+    field = config
+    for key in what.split("."):
+        field = field[key]
+    terms = objectives.loss_terms(field, what)
+    keys = objectives.term_keys([term["name"] for term in terms])
+    rows = -(-int(config.batch_size) // jax.device_count())
+    for key, term in zip(keys, terms, strict=True):
+        bins = term.get("num_bins")
+        if not isinstance(bins, int) or 4 * rows * bins <= MEASURE_ABOVE_BYTES:
+            continue
+        _memory.check_fits(
+            _term_bytes(dict(term), rows, num_classes),
+            f"config.{what}.{key}.num_bins={bins} (the loss term and its gradient "
+            f"on {rows} rows per device)",
+            fix=f"lower config.{what}.{key}.num_bins",
+        )
 
 
 def check_numbers(config: ConfigDict) -> None:
@@ -80,7 +139,8 @@ def validate(config: ConfigDict) -> data_lib.Dataset:
     Numbers and their domains, ``calibration_stats``, the batch sizes against
     the devices of the mesh, the loss terms (names, hyperparameters and their
     domains, of ``config.loss`` and of an interleaved run's secondary), the
-    interleaved hold-out fraction, the augmentation, the model (unless MaC-Cal
+    interleaved hold-out fraction, the memory of loss terms with a bin count
+    (:func:`check_loss_memory`), the augmentation, the model (unless MaC-Cal
     stage II replaces its head), stage II's numbers, the dataset, the shifted
     test sets and the OOD set. What it leaves to the run: the workdir and
     stage II's stage-I run (:func:`calib_jax.train.setup.build` checks both
@@ -109,8 +169,10 @@ def validate(config: ConfigDict) -> data_lib.Dataset:
     mesh_lib.check_batch_size(config.batch_size, mesh)
     mesh_lib.check_batch_size(config.eval_batch_size, mesh, "eval_batch_size")
     sharded_step.make_objective(config, "loss")
+    check_loss_memory(config, dataset.num_classes, "loss")
     if config.interleaved.enabled:
         sharded_step.make_objective(config, "interleaved.secondary")
+        check_loss_memory(config, dataset.num_classes, "interleaved.secondary")
         if not 0 < config.interleaved.holdout_fraction < 1:  # NaN fails too
             raise ValueError(
                 "config.interleaved.holdout_fraction must be in (0, 1), got "

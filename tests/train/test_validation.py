@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from calib_jax import data, train
+from calib_jax import _memory, data, train
+from calib_jax.train import validation
 from calib_jax.benchmark import runner
-from configs import benchmark_digits, digits_ce, digits_interleaved, digits_two_stage
+from configs import (
+    benchmark_digits,
+    digits_ce,
+    digits_interleaved,
+    digits_soft_calibration,
+    digits_two_stage,
+)
 
 
 def test_a_valid_config_passes_and_gives_its_dataset():
@@ -80,3 +89,55 @@ def test_the_benchmark_validates_every_cell_through_it(tmp_path):
     with pytest.raises(ValueError, match=r"Set config.num_steps or config.num_epochs"):
         runner.validate(config, tmp_path / "w")
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("weight", [math.nan, math.inf, -1.0, -1e-9])
+def test_a_loss_weight_must_be_finite_and_not_negative(weight):
+    config = digits_ce.get_config()
+    config.loss.cross_entropy.weight = weight
+    with pytest.raises(ValueError) as err:
+        train.validate(config)
+    assert str(err.value) == (
+        "loss term 'cross_entropy': weight must be a finite number >= 0 (0 "
+        f"switches the term off), got {weight}."
+    )
+
+
+def test_a_zero_weight_switches_a_term_off_and_repeats_are_named_by_key():
+    config = digits_ce.get_config()
+    config.loss = ({"name": "cross_entropy"}, {"name": "focal", "weight": 0.0})
+    train.validate(config)
+    config.loss = ({"name": "focal"}, {"name": "focal", "weight": -2.0})
+    with pytest.raises(ValueError, match=r"^loss term 'focal_2': weight must be"):
+        train.validate(config)
+
+
+def test_a_bin_count_that_cannot_fit_is_one_line_before_compute(monkeypatch):
+    monkeypatch.setattr(_memory, "available_bytes", lambda device=None: 10**9)
+    config = digits_soft_calibration.get_config()
+    config.loss.sb_ece.num_bins = 10_000_000
+    with pytest.raises(ValueError) as err:
+        train.validate(config)
+    message = str(err.value)
+    assert message.startswith(
+        "config.loss.sb_ece.num_bins=10000000 (the loss term and its gradient on "
+        "16 rows per device) needs about "
+    ), message
+    assert message.endswith(
+        " GB; this device has 1.0 GB available; lower config.loss.sb_ece.num_bins."
+    )
+    # XLA's estimate: at least the [16, 1e7] float32 memberships.
+    needed = float(message.split("needs about ")[1].split(" GB")[0])
+    assert needed * 1e9 >= 0.99 * 4 * 16 * 10_000_000
+
+
+def test_a_usual_bin_count_is_not_compiled_for_its_memory(monkeypatch):
+    def measured(*args):
+        raise AssertionError("measured")
+
+    monkeypatch.setattr(validation, "_term_bytes", measured)
+    config = digits_soft_calibration.get_config()
+    train.validate(config)  # 15 bins
+    config.loss.sb_ece.num_bins = 10_000_000
+    with pytest.raises(AssertionError, match="measured"):
+        train.validate(config)

@@ -8,7 +8,10 @@ import pytest
 from ml_collections import ConfigDict
 
 from calib_jax import objectives
+from calib_jax.benchmark import runner
+from calib_jax.train import setup as setup_lib
 from calib_jax.train import workdir as workdir_lib
+from configs import benchmark_digits, digits_ce
 
 
 def _config(**kw):
@@ -79,3 +82,22 @@ def test_a_run_recorded_with_the_tuple_form_resumes_under_the_field_form(tmp_pat
         workdir_lib.claim(  # without loss_fields the forms differ as written
             ConfigDict({"seed": 0, "loss": objectives.loss_field(terms)}), tmp_path
         )
+
+
+def test_the_trainer_and_the_benchmark_refuse_each_others_workdir(tmp_path):
+    bench, run = tmp_path / "bench", tmp_path / "run"
+    runner.check_workdir(benchmark_digits.get_config("quick"), bench)
+    setup_lib.check_workdir(digits_ce.get_config(), run)
+    with pytest.raises(ValueError) as err:
+        setup_lib.check_workdir(digits_ce.get_config(), bench)
+    assert str(err.value) == (
+        f"--workdir {bench} holds a benchmark's results (benchmark_config.json); "
+        "use a new --workdir."
+    )
+    with pytest.raises(ValueError) as err:
+        runner.check_workdir(benchmark_digits.get_config("quick"), run)
+    assert str(err.value) == (
+        f"--workdir {run} holds a training run (config.json); use a new --workdir."
+    )
+    assert sorted(p.name for p in bench.iterdir()) == ["benchmark_config.json"]
+    assert sorted(p.name for p in run.iterdir()) == ["config.json"]

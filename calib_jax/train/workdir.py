@@ -161,29 +161,24 @@ def claim(
 
 
 def _unwritable(workdir: epath.Path, err: OSError) -> str:
-    return f"--workdir {workdir} is not writable: {err.strerror or err}."
+    return f"--workdir {workdir} is not writable: {storage.os_error_text(err)}."
 
 
 def check_writable(workdir: str | epath.PathLike) -> None:
     """Checks that an existing local ``workdir`` takes new files (before any compute).
 
-    A probe file is created and removed; a workdir still to be created, and
-    an object store (whose permissions only a write would tell), are left to
-    the first write, which fails with the same one line.
+    :func:`calib_jax.storage.check_writable` (a probe file written and
+    removed); a workdir still to be created, and an object store (whose
+    permissions only a write would tell), are left to the first write, which
+    fails with the same one line.
 
     Raises:
       ValueError: one line naming ``workdir`` and the reason (a read-only
         file system, no permission).
     """
     workdir = storage.as_path(workdir, what="--workdir")
-    if storage.is_remote(workdir) or not workdir.is_dir():
-        return
-    probe = workdir / f".write_probe.{os.getpid()}"
-    try:
-        storage.write_text(probe, "")
-        probe.unlink()
-    except OSError as e:
-        raise ValueError(_unwritable(workdir, e)) from None
+    if not storage.is_remote(workdir) and workdir.is_dir():
+        storage.check_writable(workdir, what="--workdir")
 
 
 # ---- the workdir's lock ----------------------------------------------------------

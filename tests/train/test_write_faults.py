@@ -131,16 +131,18 @@ def test_a_full_disk_on_metrics_is_one_line_exit_4_and_the_rerun_resumes(tmp_pat
 def test_a_workdir_that_takes_no_writes_is_one_line_before_any_compute(tmp_path):
     workdir = tmp_path / "run"
     workdir.mkdir()
-    # As root, chmod does not stop writes: the file system's answer is injected.
+    # As root, chmod does not stop writes: the file system's answer to a file
+    # written in the workdir is injected.
     read_only = f"""
         import errno, os
-        from calib_jax import storage
-        write = storage.write_bytes
-        def read_only(path, data, **kw):
+        from etils import epath
+        local = type(epath.Path("/"))
+        write = local.write_bytes
+        def read_only(path, data):
             if str(path).startswith({str(workdir)!r}):
                 raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
-            return write(path, data, **kw)
-        storage.write_bytes = read_only
+            return write(path, data)
+        local.write_bytes = read_only
     """
     result = _run_with(read_only, workdir, tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]

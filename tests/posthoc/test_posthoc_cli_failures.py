@@ -18,7 +18,7 @@ import pytest
 from etils import epath
 from posthoc._data import overconfident
 
-from calib_jax import _memory, posthoc
+from calib_jax import _memory, posthoc, storage
 from calib_jax.posthoc import _cli as posthoc_cli
 from calib_jax.posthoc import _cli_files, _dirichlet
 
@@ -312,3 +312,19 @@ def test_workdir_of_a_run_that_stopped_before_a_checkpoint(tmp_path, capsys):
     code = posthoc_cli.main(["--workdir", str(run), "--method", "ts:nll"])
     assert code == 2 and "no checkpoint (its" in capsys.readouterr().err
     assert not (run / "posthoc").exists()
+
+
+def test_logits_shape_is_read_from_the_header_local_and_gs(
+    inputs, gcs_emulator, gcs_bucket
+):
+    local = _cli_files.given_splits(str(inputs / "val.npz"), str(inputs / "test.npz"))
+    assert _cli_files.logits_shape(local[0], "logits") == (N, K)
+    assert _cli_files.logits_shape(local[0], "labels") == (N,)
+    assert _cli_files.logits_shape(local[0], "nope") is None
+    url = f"{gcs_bucket}/in/val.npz"
+    storage.write_bytes(url, (inputs / "val.npz").read_bytes())
+    remote = _cli_files.Split("val", "val.npz", storage.as_path(url), "--val")
+    assert _cli_files.logits_shape(remote, "logits") == (N, K)
+    (inputs / "cut.npz").write_bytes((inputs / "val.npz").read_bytes()[:200])
+    cut = _cli_files.Split("val", "val.npz", storage.as_path(inputs / "cut.npz"), "x")
+    assert _cli_files.logits_shape(cut, "logits") is None

@@ -160,10 +160,15 @@ class ResNet(FeatureClassifier):
       dtype: computation dtype (parameters and logits stay float32).
 
     Examples:
+      Shapes only (``jax.eval_shape``: nothing is computed or compiled):
+
       >>> import jax, jax.numpy as jnp
       >>> model = ResNet(num_classes=10, depth=20)
-      >>> variables = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
-      >>> model.apply(variables, jnp.zeros((2, 32, 32, 3))).shape
+      >>> x = jnp.zeros((2, 32, 32, 3))
+      >>> variables = jax.eval_shape(model.init, jax.random.key(0), x)
+      >>> sum(p.size for p in jax.tree.leaves(variables["params"]))  # ResNet-20
+      269722
+      >>> jax.eval_shape(model.apply, variables, x).shape
       (2, 10)
     """
 

@@ -29,6 +29,7 @@ match on.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import NamedTuple
 
@@ -89,6 +90,60 @@ def check_labels_dtype(labels, name: str = "labels") -> jax.Array:
     return labels
 
 
+_INT32 = np.iinfo(np.int32)
+
+
+def check_host_labels(labels, num_classes: int, where=None, *, family: str = "fit"):
+    """Range check of labels still on the host, before they become a JAX array.
+
+    JAX holds class ids as int32 (outside 64-bit mode), so a NumPy int64 or
+    Python int label outside the int32 range would wrap on conversion
+    (``2**32 + 3`` becomes 3) and pass every later check as a valid id. Host
+    labels (NumPy arrays, lists, Python ints) of a dtype wider than int32
+    are therefore checked here, in both modes: when a value outside the
+    int32 range lies in an included row, the first included label outside
+    ``[0, K)`` is reported. Labels inside the int32 range are left to the
+    fused value check (:func:`value_summary`), so the common case costs one
+    ``min``/``max`` over the labels and nothing else; JAX arrays and tracers
+    pass through unchanged.
+
+    Args:
+      labels: the labels as given by the caller.
+      num_classes: ``K``.
+      where: the caller's mask (already checked) or None; a traced mask
+        counts every row as included.
+      family: the wording of the message (:func:`label_message`).
+
+    Returns:
+      ``labels`` as a NumPy array when it was host data, else unchanged.
+
+    Raises:
+      ValueError: an included label outside the int32 range (one line naming
+        the first included label outside ``[0, K)``, its row and the range).
+    """
+    if isinstance(labels, (jax.Array, jax.core.Tracer)):
+        return labels
+    host = np.asarray(labels)
+    if host.dtype.kind not in "iu" or host.size == 0:
+        return host
+    if host.dtype.itemsize < 4 or host.dtype == np.int32:
+        return host
+    if host.min() >= _INT32.min and host.max() <= _INT32.max:
+        return host
+    keep = np.ones(host.shape, bool)
+    if where is not None and is_concrete(where):
+        keep = np.asarray(where, bool).reshape(host.shape)
+    flat = host.reshape(-1)
+    wide = keep.reshape(-1) & ((flat < _INT32.min) | (flat > _INT32.max))
+    if not wide.any():
+        return host
+    out = keep.reshape(-1) & ((flat < 0) | (flat >= num_classes))
+    row = int(np.argmax(out))
+    raise ValueError(
+        label_message(num_classes, int(flat[row]), row, int(out.sum()), family)
+    )
+
+
 def check_rank(x, name: str, shape: str) -> None:
     """ValueError unless ``x.ndim`` matches the shape text (e.g. ``'[N, K]'``)."""
     if x.ndim != shape.count(",") + 1:
@@ -121,6 +176,7 @@ def check_scores_labels(
     rows: str = "N",
     purpose: str = "",
     min_classes_hint: str = "",
+    family: str = "fit",
 ):
     """Static checks of a float ``[rows, K]`` array, its labels and mask.
 
@@ -134,20 +190,25 @@ def check_scores_labels(
       purpose: what needs at least one row, e.g. ``'a metric'``; empty means
         that ``N = 0`` is allowed (a loss of an empty batch is 0).
       min_classes_hint: appended to the ``K < 2`` message.
+      family: the wording of a label message (:func:`label_message`).
 
     Returns:
       ``(x, labels, where)`` as JAX arrays (``where`` may stay None).
 
     Raises:
       TypeError: non-floating ``x``, non-integer labels, non-bool ``where``.
-      ValueError: wrong ranks, mismatched lengths, ``K < 2``, and ``N = 0``
-        when ``purpose`` is given.
+      ValueError: wrong ranks, mismatched lengths, ``K < 2``, ``N = 0``
+        when ``purpose`` is given, and host labels outside the int32 range
+        (:func:`check_host_labels`).
     """
     x = check_floating(x, name)
-    labels = check_labels_dtype(labels)
     check_rank(x, name, f"[{rows}, K]")
-    check_rank(labels, "labels", f"[{rows}]")
     n, k = x.shape
+    if not isinstance(labels, (jax.Array, jax.core.Tracer)):
+        labels = np.asarray(labels)  # checked on the host before conversion
+    if labels.dtype.kind not in "iu":
+        labels = check_labels_dtype(labels)  # the TypeError of a non-integer
+    check_rank(labels, "labels", f"[{rows}]")
     if labels.shape[0] != n:
         raise ValueError(
             f"labels must have shape [{rows}] = ({n},), got shape {labels.shape}: "
@@ -164,7 +225,8 @@ def check_scores_labels(
             f"(K >= 2) are needed{min_classes_hint}."
         )
     where = check_where(where, n, rows=rows)
-    return x, labels, where
+    labels = check_host_labels(labels, k, where, family=family)
+    return x, jnp.asarray(labels), where
 
 
 # ---------------------------------------------------------------------------
@@ -313,6 +375,30 @@ def raise_for_values(
 
 
 _value_summary_jit = jax.jit(value_summary)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _label_summary(labels, num_classes, where):
+    keep = jnp.ones(labels.shape, bool) if where is None else where
+    out = keep & ((labels < 0) | (labels >= num_classes))
+    first = jnp.argmax(out)
+    return count_true(out)[0], first, labels[first]
+
+
+def check_label_values(labels, num_classes: int, where=None, *, family="fit") -> None:
+    """ValueError when a concrete included label lies outside ``[0, K)``.
+
+    For callers that read labels without scores to summarise next to them
+    (the scores of prediction sets): a gather at an out-of-range label
+    clamps, so it must not reach one. Traced inputs are not checked.
+    """
+    if not is_concrete(labels, where) or labels.shape[0] == 0:
+        return
+    count, row, label = (
+        int(v) for v in jax.device_get(_label_summary(labels, num_classes, where))
+    )
+    if count:
+        raise ValueError(label_message(num_classes, label, row, count, family))
 
 
 def check_values(

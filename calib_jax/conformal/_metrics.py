@@ -37,9 +37,10 @@ def _check_sets(sets, labels=None, where=None):
     if sets.ndim != 2:
         raise ValueError(f"sets must have shape [N, K], got shape {sets.shape}.")
     n = sets.shape[0]
+    where = _checks.check_where(where, n)
     if labels is not None:
-        labels = _scores.check_labels(labels, n)
-    return sets, labels, _checks.check_where(where, n)
+        labels = _scores.check_labels(labels, n, sets.shape[1], where)
+    return sets, labels, where
 
 
 def _weights(where, n):

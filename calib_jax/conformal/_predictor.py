@@ -156,7 +156,7 @@ class ConformalPredictor:
         ``scores(logits, labels, key)[i] <= qhat`` (with ``allow_empty``).
         """
         logits = self._check(logits, key)
-        labels = _scores.check_labels(labels, logits.shape[0])
+        labels = _scores.check_labels(labels, *logits.shape)
         u = _uniforms(key, logits.shape[0], jnp.float32) if self.randomized else None
         return _scores_core(self.method, logits, labels, u, self.lam, k_reg=self.k_reg)
 

@@ -58,6 +58,7 @@ from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from calib_jax import _checks
@@ -74,11 +75,26 @@ def _check_probs(probs) -> jax.Array:
     return probs
 
 
-def check_labels(labels, n: int) -> jax.Array:
-    """Int ``[n]`` class ids as a JAX array (TypeError/ValueError otherwise)."""
-    labels = _checks.check_labels_dtype(labels)
+def check_labels(labels, n: int, k: int, where=None) -> jax.Array:
+    """Int ``[n]`` class ids in ``[0, k)`` as a JAX array.
+
+    The range is checked on the host before conversion (NumPy int64 labels
+    outside the int32 range) and, for concrete inputs, on the values; a
+    gather at an out-of-range label would clamp it to a valid class.
+
+    Raises:
+      TypeError: non-integer labels.
+      ValueError: another shape, or a (concrete) label of an included row
+        outside ``[0, k)``.
+    """
+    if not isinstance(labels, (jax.Array, jax.core.Tracer)):
+        labels = np.asarray(labels)
+    if labels.dtype.kind not in "iu":
+        labels = _checks.check_labels_dtype(labels)
     if labels.shape != (n,):
         raise ValueError(f"labels must have shape [N] = ({n},), got {labels.shape}.")
+    labels = jnp.asarray(_checks.check_host_labels(labels, k, where))
+    _checks.check_label_values(labels, k, where)
     return labels
 
 
@@ -128,7 +144,7 @@ def thr_score(probs: jax.typing.ArrayLike, labels: jax.typing.ArrayLike) -> jax.
       [0.3 0.7]
     """
     probs = _check_probs(probs)
-    labels = check_labels(labels, probs.shape[0])
+    labels = check_labels(labels, *probs.shape)
     return 1.0 - jnp.take_along_axis(probs, labels[:, None], axis=1)[:, 0]
 
 
@@ -252,7 +268,7 @@ def raps_score(
     """
     probs = _check_probs(probs)
     n = probs.shape[0]
-    labels = check_labels(labels, n)
+    labels = check_labels(labels, n, probs.shape[1])
     u = _check_u(u, n, probs.dtype)
     k_reg = check_k_reg(k_reg)
     return raps_score_core(probs, labels, u, lam, k_reg=k_reg)

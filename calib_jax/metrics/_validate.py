@@ -77,7 +77,13 @@ def check_probs_labels(probs, labels, where=None, *, values: bool = True):
         the simplex, labels out of range or a mask excluding every row.
     """
     probs, labels, where = _checks.check_scores_labels(
-        probs, labels, where, name="probs", purpose="a metric", min_classes_hint=K_HINT
+        probs,
+        labels,
+        where,
+        name="probs",
+        purpose="a metric",
+        min_classes_hint=K_HINT,
+        family="metric",
     )
     if values and _checks.is_concrete(probs, labels, where):
         raise_for_summary(_summary_jit(probs, labels, where), probs, labels, where)

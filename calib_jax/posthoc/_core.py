@@ -29,8 +29,9 @@ def canonical(logits, labels, where=None):
       where: optional bool ``[N]``; ``False`` rows get weight 0.
 
     Returns:
-      ``(logits, labels, weights)`` with excluded rows of ``logits`` zeroed and
-      ``weights`` float ``[N]`` summing to 1 (all zero when nothing is included).
+      ``(logits, labels, weights)`` with excluded rows of ``logits`` zeroed
+      (and their labels set to 0) and ``weights`` float ``[N]`` summing to 1
+      (all zero when nothing is included).
     """
     logits = jnp.asarray(logits)
     dtype = jnp.promote_types(logits.dtype, jnp.float32)
@@ -41,6 +42,9 @@ def canonical(logits, labels, where=None):
     else:
         mask = jnp.asarray(where, bool)
         logits = jnp.where(mask[:, None], logits, jnp.zeros_like(logits))
+        # An excluded row may hold any label (padding): a gather at one
+        # outside [0, K) gives NaN, and 0 * NaN would poison the weighted sums.
+        labels = jnp.where(mask, labels, 0)
     return logits, labels, mask_weights(mask, dtype)
 
 

@@ -251,9 +251,31 @@ def select(family: str, tuned: Callable, plain: Callable, *args):
     if m == "auto":
         if OFF_CPU[family] == GPU[family] == "tuned":
             return tuned(*args)
+        if jax.config.jax_enable_x64:
+            tuned = _with_dtypes_of(plain, tuned, args)
         forms = {"tuned": tuned, "plain": plain}
         on_gpu = dict.fromkeys(GPU_PLATFORMS, forms[GPU[family]])
         return lax.platform_dependent(
             *args, cpu=tuned, **on_gpu, default=forms[OFF_CPU[family]]
         )
     return tuned(*args) if m == "tuned" else plain(*args)
+
+
+def _with_dtypes_of(plain: Callable, tuned: Callable, args) -> Callable:
+    """``tuned`` with its outputs cast to the dtypes ``plain`` returns.
+
+    ``lax.platform_dependent`` needs both forms to return the same types. In
+    64-bit mode JAX's promotions can make them differ (a ``jnp.sum`` of
+    int32 gives int64, a float64 scalar widens one form's temporaries but
+    not the other's fixed-dtype accumulators); the plain form, the
+    reference, decides. Only traced shapes are compared (no computation).
+    """
+    want = jax.eval_shape(plain, *args)
+    got = jax.eval_shape(tuned, *args)
+    if jax.tree.map(lambda a: a.dtype, want) == jax.tree.map(lambda a: a.dtype, got):
+        return tuned
+
+    def cast(*a):
+        return jax.tree.map(lambda x, w: x.astype(w.dtype), tuned(*a), want)
+
+    return cast

@@ -93,7 +93,9 @@ def _exp_sums_blocked(z, m, s, *, with_w: bool):
             lax.dynamic_update_slice_in_dim(a, o, start, 0) for a, o in zip(acc, outs)
         )
 
-    init = tuple(jnp.zeros((n,), z.dtype) for _ in range(2 if with_w else 1))
+    # The dtype exp_sums_plain returns (s may be wider than z).
+    dtype = jnp.result_type(z, m, s)
+    init = tuple(jnp.zeros((n,), dtype) for _ in range(2 if with_w else 1))
     out = lax.fori_loop(0, num_blocks, body, init)
     return out if with_w else out[0]
 

@@ -121,6 +121,15 @@ def lbfgs_minimize(
       [1] J. Nocedal and S. Wright, "Numerical Optimization", 2nd ed., 2006,
       Alg. 7.4–7.5 (L-BFGS) and Alg. 3.5–3.6 (zoom line search).
     """
+    dtypes = jax.tree.map(lambda a: jnp.asarray(a).dtype, x0)
+    given = fun
+
+    def fun(x):
+        # optax's line search forms trial points with float64 step sizes in
+        # 64-bit mode; the objective always sees the dtype of x0 (that of
+        # the logits), so a fit gives the same result in either mode.
+        return given(jax.tree.map(lambda a, d: jnp.asarray(a).astype(d), x, dtypes))
+
     opt = optax.lbfgs(memory_size=memory_size)
     value_and_grad = optax.value_and_grad_from_state(fun)
 

@@ -106,7 +106,7 @@ class JsonlWriter:
             lines = self.path.read_text().splitlines(keepends=True)
             kept = [line for line in lines if not _same_record(line, row, kind)]
             if len(kept) != len(lines):
-                storage.write_text(self.path, "".join(kept) + json.dumps(row) + "\n")
+                self._rewrite("".join(kept) + json.dumps(row) + "\n")
                 return
         self._append(json.dumps(row) + "\n")
 
@@ -121,10 +121,20 @@ class JsonlWriter:
                     os.truncate(self.path, size or 0)
                 except OSError:
                     pass  # the reader drops a torn last line on resume
-            raise MetricsWriteError(
-                f"could not append to {self.path}: {e.strerror or e}; free space "
-                "and rerun the same command to resume from the last checkpoint."
-            ) from None
+            raise self._failed("append to", e) from None
+
+    def _rewrite(self, text: str) -> None:
+        """Replaces the file whole (the old one stays when the write fails)."""
+        try:
+            storage.write_text(self.path, text)
+        except OSError as e:
+            raise self._failed("rewrite", e) from None
+
+    def _failed(self, what: str, err: OSError) -> MetricsWriteError:
+        return MetricsWriteError(
+            f"could not {what} {self.path}: {storage.os_error_text(err)}; free "
+            "space and rerun the same command to resume from the last checkpoint."
+        )
 
     def truncate_after(self, step: int) -> None:
         """Drops the records of steps after ``step`` (and a torn last line).
@@ -139,7 +149,7 @@ class JsonlWriter:
         kept = [line for line in lines if _step_of(line) is not None]
         kept = [line for line in kept if _step_of(line) <= step]
         if len(kept) != len(lines) or (kept and not kept[-1].endswith("\n")):
-            storage.write_text(self.path, "".join(kept))
+            self._rewrite("".join(kept))
 
 
 def _kind(row: dict) -> tuple:

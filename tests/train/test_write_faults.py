@@ -73,6 +73,25 @@ def test_a_torn_line_that_stays_is_dropped_on_resume(tmp_path, monkeypatch):
     assert path.read_text().endswith("\n")
 
 
+def test_a_failed_rewrite_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    writer = loop.JsonlWriter(path)
+    writer.write(5, {"test/ece": 0.5})
+    before = path.read_text()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(storage, "write_text", full)
+    with pytest.raises(loop.MetricsWriteError) as err:
+        writer.write(5, {"test/ece": 0.25}, replace=True)  # a rerun's final eval
+    assert str(err.value) == (
+        f"could not rewrite {path}: No space left on device; free space and "
+        "rerun the same command to resume from the last checkpoint."
+    )
+    assert path.read_text() == before
+
+
 def _run_with(site: str, workdir, tmp_path) -> subprocess.CompletedProcess:
     """The trainer on ``workdir`` with ``site`` run at start-up (sitecustomize)."""
     inject = tmp_path / "inject"

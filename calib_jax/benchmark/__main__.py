@@ -15,12 +15,14 @@ exit status 4; rerunning resumes. A second benchmark on a workdir in use, and
 a training run's workdir, are refused (one line, exit status 2). Ctrl-C
 (SIGINT) saves the training cell's checkpoint at its next step (outside the
 training steps it stops at once), prints one line and exits with status 130;
-rerunning resumes.
+rerunning resumes. SIGTERM in a cell's training saves its checkpoint, prints
+one line and exits with status 0, as the trainer does; rerunning resumes.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -42,7 +44,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     del argv
-    from calib_jax.benchmark.runner import run  # after flag parsing
+    from calib_jax.benchmark.runner import Preempted, run  # after flag parsing
     from calib_jax.train.checkpoint import CheckpointSaveError
     from calib_jax.train.loop import Interrupted, MetricsWriteError
 
@@ -65,6 +67,9 @@ def main(argv):
         fail(str(e), status=4, at_once=True)  # stalled writes may never end
     except Interrupted as e:  # Ctrl-C in a cell's training: a checkpoint was saved
         interrupted(str(e))
+    except Preempted as e:  # SIGTERM, as the trainer: saved, exit status 0
+        print(str(e), file=sys.stderr)
+        return
     except KeyboardInterrupt:
         interrupted()
     import jax  # already imported by the runner

@@ -111,6 +111,10 @@ def _summary_line(method: str, seed: int, rows: list[dict], seconds: float) -> s
     return text + f"  ({seconds:.0f} s)"
 
 
+class Preempted(Exception):  # noqa: N818 - a requested stop, not an error
+    """SIGTERM stopped a cell's training after its checkpoint was saved."""
+
+
 def ensure_trained(
     config: ConfigDict,
     workdir: epath.Path,
@@ -123,6 +127,10 @@ def ensure_trained(
 
     The two-stage method first ensures its stage I, the ``ce`` run of the seed.
     ``progress`` shows the training steps and evaluation under the cell bar.
+
+    Raises:
+      Preempted: SIGTERM stopped the training (its checkpoint saved; the cell
+        is not marked trained, so a rerun resumes it).
     """
     train_dir = grid.train_dir(workdir, method, seed)
     done = train_dir / "TRAINED"
@@ -130,7 +138,7 @@ def ensure_trained(
         if method == "two_stage":
             ensure_trained(config, workdir, grid.STAGE_ONE, seed, progress=progress)
         try:
-            train_and_evaluate(
+            summary = train_and_evaluate(
                 grid.train_config(config, method, seed, workdir),
                 train_dir,
                 progress=progress,
@@ -138,6 +146,11 @@ def ensure_trained(
             )
         except FloatingPointError as e:  # name the cell that diverged
             raise FloatingPointError(f"{method} seed {seed} ({train_dir}): {e}") from e
+        if not summary:  # SIGTERM: saved and stopped before the end
+            raise Preempted(
+                f"SIGTERM: saved {method} seed {seed} in {train_dir} and stopped; "
+                "rerun the same command to resume."
+            )
         if jax.process_index() == 0:
             done.touch()
     return train_dir

@@ -636,3 +636,33 @@ def test_benchmark_checks_every_method_config_before_writing(
         runner.validate(config, tmp_path / "w")
     assert message in _one_line(err.value)
     assert not (tmp_path / "w").exists()
+
+
+# ---------------------------------------------------------------------------
+# Labels beyond int32, conformal coverage, saved calibrators, apply's K.
+# ---------------------------------------------------------------------------
+
+
+def test_labels_beyond_int32_coverage_labels_and_apply_k_are_one_line(tmp_path):
+    from calib_jax import conformal
+
+    wide = LABELS.astype(np.int64)
+    wide[2] = 2**40
+    with pytest.raises(ValueError) as err:
+        posthoc.fit("ts", LOGITS, wide)
+    assert f"[0, 4); found {2**40} at row 2" in _one_line(err.value)
+    with pytest.raises(ValueError) as err:
+        conformal.coverage(LOGITS > 0, np.where(np.arange(16) == 6, 15, LABELS))
+    assert "labels must lie in [0, K) = [0, 4); found 15 at row 6" in _one_line(
+        err.value
+    )
+    cal = posthoc.fit("vector", LOGITS, LABELS)
+    with pytest.raises(ValueError) as err:
+        cal.apply(LOGITS[:, :3])
+    assert "fitted for K = 4 classes" in _one_line(err.value)
+    cal = posthoc.fit("ts", LOGITS, LABELS)
+    cal = cal.replace(params={"temperature": -cal.params["temperature"]})
+    cal.save(tmp_path / "negated.npz")
+    with pytest.raises(ValueError) as err:
+        posthoc.load(tmp_path / "negated.npz")
+    assert "params['temperature'] must be finite and > 0" in _one_line(err.value)

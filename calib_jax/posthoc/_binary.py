@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import _checks
-from calib_jax.posthoc import _validate
+from calib_jax.posthoc import _calibrator, _validate
 
 BINARY_ONLY = ("platt", "beta")
 
@@ -134,6 +134,14 @@ def apply_platt_params(params, logits):
     a = params["a"].astype(logits.dtype)
     b = params["b"].astype(logits.dtype)
     return _log_probs(a * _difference(logits) + b)
+
+
+def check_platt_params(params, *, values: bool = True) -> int:
+    """Platt parameters ``{'a': [], 'b': []}``, finite; binary (K = 2)."""
+    arrays = _calibrator.param_arrays(params, {"a": 0, "b": 0})
+    for key, leaf in arrays.items() if values else ():
+        _calibrator.check_param_values(f"params[{key!r}]", leaf)
+    return 2
 
 
 def apply_platt(params, logits: jax.typing.ArrayLike) -> jax.Array:
@@ -262,6 +270,15 @@ def apply_beta_params(params, logits):
     x = _beta_features(_difference(logits))
     beta = jnp.stack([params["a"], params["b"], params["c"]]).astype(logits.dtype)
     return _log_probs(x @ beta)
+
+
+def check_beta_params(params, *, values: bool = True) -> int:
+    """Beta calibration parameters ``{'a', 'b', 'c'}`` (scalars), finite;
+    binary (K = 2)."""
+    arrays = _calibrator.param_arrays(params, {"a": 0, "b": 0, "c": 0})
+    for key, leaf in arrays.items() if values else ():
+        _calibrator.check_param_values(f"params[{key!r}]", leaf)
+    return 2
 
 
 def apply_beta(params, logits: jax.typing.ArrayLike) -> jax.Array:

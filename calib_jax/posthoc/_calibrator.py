@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from calib_jax import _checks
+
 
 @struct.dataclass
 class Calibrator:
@@ -50,9 +52,18 @@ class Calibrator:
     )
 
     def apply(self, logits: jax.typing.ArrayLike) -> jax.Array:
-        """Calibrated logits (or log-probabilities) ``[N, K]``."""
+        """Calibrated logits (or log-probabilities) ``[N, K]``.
+
+        Raises:
+          ValueError: logits with another number of classes than the
+            parameters are for (vector/matrix scaling, Dirichlet, CTS,
+            binning...; maps such as TS take any K).
+        """
+        from calib_jax.posthoc import _persist
+
         logits = jnp.asarray(logits)
         logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+        check_classes(self, logits, _persist.num_classes(self.apply_fn, self.params))
         return self.apply_fn(self.params, logits)
 
     def probs(self, logits: jax.typing.ArrayLike) -> jax.Array:
@@ -129,6 +140,134 @@ def _describe(x: np.ndarray):
         "min": float(x.min()),
         "max": float(x.max()),
     }
+
+
+# ---------------------------------------------------------------------------
+# Checks of a parameter tree against the map that reads it. Each calibration
+# map declares one ``check_*_params(params, *, values) -> K | None`` next to
+# its apply function (built from the helpers below); ``posthoc.load`` runs it
+# with ``values=True`` on a loaded tree, :meth:`Calibrator.apply` with
+# ``values=False`` (shapes only, also under ``jax.jit``) to learn the number
+# of classes the parameters are for. Messages name the parameter and what
+# the map needs, one line, for the caller to prefix.
+# ---------------------------------------------------------------------------
+
+
+def param_arrays(params, ranks: dict[str, int], *, bools=()) -> dict[str, Any]:
+    """The array leaves of a flat parameter dict, by key.
+
+    Args:
+      params: the parameter tree.
+      ranks: key -> rank of every entry the map reads (no other keys).
+      bools: keys of bool arrays; the others must be floating point.
+
+    Raises:
+      ValueError: another container or other keys, a leaf that is not an
+        array, another dtype kind or rank.
+    """
+    if not isinstance(params, dict) or set(params) != set(ranks):
+        got = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise ValueError(f"params must be a dict with keys {sorted(ranks)}, got {got}.")
+    out = {}
+    for key, rank in ranks.items():
+        out[key] = param_array(params[key], f"params[{key!r}]", rank, key in bools)
+    return out
+
+
+def param_array(leaf, name: str, rank: int, boolean: bool = False):
+    """``leaf`` if it is an array of ``rank`` (bool or floating); ValueError."""
+    if not isinstance(leaf, (jax.Array, np.ndarray)):
+        # ValueError: a saved file that is wrong is one error kind for load.
+        raise ValueError(f"{name} must be an array, got {type(leaf).__name__}.")  # noqa: TRY004
+    kind = "bool" if boolean else "floating point"
+    ok = (
+        leaf.dtype == jnp.bool_ if boolean else jnp.issubdtype(leaf.dtype, jnp.floating)
+    )
+    if not ok:
+        raise ValueError(f"{name} must be {kind}, got dtype {leaf.dtype}.")
+    if leaf.ndim != rank:
+        raise ValueError(f"{name} must have rank {rank}, got shape {leaf.shape}.")
+    return leaf
+
+
+def same_classes(arrays: dict[str, Any], axes: dict[str, tuple[int, ...]]) -> int:
+    """The number of classes ``K >= 2`` that the named axes all share.
+
+    Args:
+      arrays: key -> array (from :func:`param_arrays`).
+      axes: key -> the axes of that array holding one entry per class.
+    """
+    sizes = {
+        f"params[{key!r}].shape[{axis}]": arrays[key].shape[axis]
+        for key, key_axes in axes.items()
+        for axis in key_axes
+    }
+    k = next(iter(sizes.values()))
+    if any(v != k for v in sizes.values()) or k < 2:
+        shapes = ", ".join(f"{key!r}: {arrays[key].shape}" for key in axes)
+        raise ValueError(
+            f"params must hold one entry per class for K >= 2 classes alike, got "
+            f"shapes {shapes}."
+        )
+    return int(k)
+
+
+def check_param_values(name: str, leaf, *, positive=False, unit=False, ascending=False):
+    """Value checks of one concrete parameter array (nothing for tracers).
+
+    Every entry must be finite; ``positive``: > 0; ``unit``: in [0, 1];
+    ``ascending``: non-decreasing along the last axis.
+    """
+    if not _checks.is_concrete(leaf):
+        return
+    v = np.asarray(leaf, np.float64)
+    bad = ~np.isfinite(v)
+    rule = "finite"
+    if positive:
+        bad |= ~(v > 0)
+        rule = "finite and > 0"
+    elif unit:
+        bad |= ~((v >= 0) & (v <= 1))
+        rule = "in [0, 1]"
+    if bad.any():
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        at = f" at {index}" if index else ""
+        raise ValueError(f"{name} must be {rule}, got {v[index]}{at}.")
+    if ascending and v.shape[-1] > 1 and (np.diff(v, axis=-1) < 0).any():
+        raise ValueError(f"{name} must be non-decreasing along its last axis.")
+
+
+def check_affine_params(params, *, values: bool = True, matrix: bool) -> int:
+    """Checks vector (``w [K]``) or matrix/Dirichlet (``W [K, K]``) scaling
+    parameters with a bias ``b [K]``; returns K."""
+    key = "W" if matrix else "w"
+    arrays = param_arrays(params, {key: 2 if matrix else 1, "b": 1})
+    k = same_classes(arrays, {key: (0, 1) if matrix else (0,), "b": (0,)})
+    if values:
+        for name, leaf in arrays.items():
+            check_param_values(f"params[{name!r}]", leaf)
+    return k
+
+
+def check_vector_params(params, *, values: bool = True) -> int:
+    """Vector scaling parameters ``{'w': [K], 'b': [K]}``; returns K."""
+    return check_affine_params(params, values=values, matrix=False)
+
+
+def check_matrix_params(params, *, values: bool = True) -> int:
+    """Matrix scaling or Dirichlet parameters ``{'W': [K, K], 'b': [K]}``;
+    returns K."""
+    return check_affine_params(params, values=values, matrix=True)
+
+
+def check_classes(calibrator: Calibrator, logits: jax.Array, k: int | None) -> None:
+    """ValueError unless ``logits`` has the ``k`` classes the parameters are
+    for (``None``: any number)."""
+    if k is not None and (logits.ndim != 2 or logits.shape[1] != k):
+        raise ValueError(
+            f"calibrator {calibrator.name!r} was fitted for K = {k} classes: logits "
+            f"must have shape [N, {k}], got shape {logits.shape}."
+        )
 
 
 class Method(NamedTuple):

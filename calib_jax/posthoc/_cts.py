@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from calib_jax import _checks
-from calib_jax.posthoc import _core, _validate
+from calib_jax.posthoc import _calibrator, _core, _validate
 from calib_jax.posthoc._calibrator import Method
 
 
@@ -49,6 +49,17 @@ def apply_cts(params, logits: jax.typing.ArrayLike) -> jax.Array:
 def apply_cts_params(params, logits):
     """``apply_fn`` of a CTS :class:`~calib_jax.posthoc.Calibrator`."""
     return logits / params["temperatures"].astype(logits.dtype)[None, :]
+
+
+def check_cts_params(params, *, values: bool = True) -> int:
+    """CTS parameters ``{'temperatures': [K]}``, finite and > 0; returns K."""
+    arrays = _calibrator.param_arrays(params, {"temperatures": 1})
+    k = _calibrator.same_classes(arrays, {"temperatures": (0,)})
+    if values:
+        _calibrator.check_param_values(
+            "params['temperatures']", arrays["temperatures"], positive=True
+        )
+    return k
 
 
 def fit_cts(

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from calib_jax import _checks
-from calib_jax.posthoc import _blocked, _core, _temperature, _validate
+from calib_jax.posthoc import _blocked, _calibrator, _core, _temperature, _validate
 from calib_jax.posthoc._calibrator import Method
 
 FORMS = ("original", "logit")
@@ -84,6 +84,22 @@ def _apply_logit(params, logits):
     w = params["weights"].astype(logits.dtype)
     k = logits.shape[-1]
     return logits * (w[0] / t + w[1]) + w[2] / k
+
+
+def check_ets_params(params, *, values: bool = True) -> None:
+    """ETS parameters (either form): ``temperature []`` finite and > 0,
+    ``weights [3]`` in [0, 1] summing to 1 (any K)."""
+    arrays = _calibrator.param_arrays(params, {"temperature": 0, "weights": 1})
+    w = arrays["weights"]
+    if w.shape != (3,):
+        raise ValueError(f"params['weights'] must have shape (3,), got {w.shape}.")
+    if values:
+        t = arrays["temperature"]
+        _calibrator.check_param_values("params['temperature']", t, positive=True)
+        _calibrator.check_param_values("params['weights']", w, unit=True)
+        total = float(jnp.sum(jnp.asarray(w, jnp.float32)))
+        if abs(total - 1.0) > 1e-3:
+            raise ValueError(f"params['weights'] must sum to 1, got sum {total:.6g}.")
 
 
 def fit_ets_params(

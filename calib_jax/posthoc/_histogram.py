@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from calib_jax import _checks
-from calib_jax.posthoc import _reduction, _validate
+from calib_jax.posthoc import _calibrator, _reduction, _validate
 
 BINNINGS = ("equal_mass", "equal_width")
 
@@ -62,6 +62,28 @@ def apply_top_label(params, logits):
 def apply_one_vs_rest(params, logits):
     """``apply_fn`` of one-vs-rest histogram binning (log-probabilities)."""
     return _reduction.apply_one_vs_rest(_binary_map, params, logits)
+
+
+def check_params(params, *, values: bool = True) -> int:
+    """Histogram binning parameters (either variant): ``fitted [K]`` bool,
+    ``thresholds [K, M-1]`` ascending and ``values [K, M]`` in [0, 1];
+    returns K."""
+    arrays = _calibrator.param_arrays(
+        params, {"fitted": 1, "thresholds": 2, "values": 2}, bools=("fitted",)
+    )
+    k = _calibrator.same_classes(
+        arrays, {"fitted": (0,), "thresholds": (0,), "values": (0,)}
+    )
+    thr, val = arrays["thresholds"], arrays["values"]
+    if thr.shape[1] + 1 != val.shape[1]:
+        raise ValueError(
+            f"params['values'] must have one bin more than params['thresholds'] "
+            f"has thresholds, got shapes {val.shape} and {thr.shape}."
+        )
+    if values:
+        _calibrator.check_param_values("params['thresholds']", thr, ascending=True)
+        _calibrator.check_param_values("params['values']", val, unit=True)
+    return k
 
 
 def apply_histogram_binning(

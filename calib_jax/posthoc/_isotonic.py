@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from calib_jax import _checks
-from calib_jax.posthoc import _reduction, _validate
+from calib_jax.posthoc import _calibrator, _reduction, _validate
 
 
 def _binary_map(params, v, cls):
@@ -38,6 +38,23 @@ def apply_top_label(params, logits):
 def apply_one_vs_rest(params, logits):
     """``apply_fn`` of one-vs-rest isotonic regression (log-probabilities)."""
     return _reduction.apply_one_vs_rest(_binary_map, params, logits)
+
+
+def check_params(params, *, values: bool = True) -> int:
+    """Isotonic parameters (either variant): knots ``x [K, M]`` ascending
+    and ``y [K, M]`` non-decreasing in [0, 1], ``M >= 2``; returns K."""
+    arrays = _calibrator.param_arrays(params, {"x": 2, "y": 2})
+    k = _calibrator.same_classes(arrays, {"x": (0,), "y": (0,)})
+    x, y = arrays["x"], arrays["y"]
+    if x.shape != y.shape or x.shape[1] < 2:
+        raise ValueError(
+            "params['x'] and params['y'] must have the same shape [K, M] with "
+            f"M >= 2 knots, got {x.shape} and {y.shape}."
+        )
+    if values:
+        _calibrator.check_param_values("params['x']", x, ascending=True)
+        _calibrator.check_param_values("params['y']", y, unit=True, ascending=True)
+    return k
 
 
 def apply_isotonic(

@@ -22,14 +22,24 @@ of the archive; dtypes NumPy cannot store natively, such as bfloat16, are
 stored as unsigned integers of the same width and viewed back). Loading
 rebuilds every leaf with its type, dtype and bits, so a loaded calibrator
 gives bit-identical outputs. No pickle is involved in either direction.
+
+Loading trusts nothing in the file: a stored array must have the dtype its
+header names (or the unsigned stand-in of a dtype NumPy cannot store), the
+structure must be well formed and at most 32 levels deep, the ``name`` must
+fit the ``apply`` map, and the parameters must be what that map reads: the
+check each map declares next to its apply function (keys, ranks, dtypes, one
+K throughout, and the value ranges its fitter guarantees, e.g. a finite
+temperature > 0). Anything else is a one-line ``ValueError``.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import zipfile
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,10 +50,27 @@ FORMAT_VERSION = 1
 _HEADER = "__header__"
 
 
-def _apply_table() -> dict[str, Callable]:
+class _Map(NamedTuple):
+    """A calibration map a saved file can name.
+
+    Attributes:
+      apply: the ``apply_fn``.
+      check: ``(params, *, values) -> K | None``, the parameter tree the map
+        reads (declared next to the map): ValueError for another structure,
+        rank, dtype or (``values``) a value outside what the fitter returns;
+        the number of classes the parameters are for (None: any).
+    """
+
+    apply: Callable
+    check: Callable
+
+
+@functools.cache
+def _maps() -> dict[str, _Map]:
     """Key -> calibration map of every calibrator the library fits."""
     from calib_jax.posthoc import (
         _binary,
+        _calibrator,
         _cts,
         _dirichlet,
         _ets,
@@ -55,26 +82,69 @@ def _apply_table() -> dict[str, Callable]:
     )
 
     return {
-        "ts": _temperature.apply_ts_params,
-        "ets": _ets.apply_fn("original"),
-        "ets(logit)": _ets.apply_fn("logit"),
-        "pts": _pts.apply_pts_params,
-        "cts": _cts.apply_cts_params,
-        "vector": _matrix.apply_vector_params,
-        "matrix": _matrix.apply_matrix_params,
-        "dirichlet": _dirichlet.apply_dirichlet_params,
-        "histogram_binning(top_label)": _histogram.apply_top_label,
-        "histogram_binning(one_vs_rest)": _histogram.apply_one_vs_rest,
-        "isotonic(top_label)": _isotonic.apply_top_label,
-        "isotonic(one_vs_rest)": _isotonic.apply_one_vs_rest,
-        "platt": _binary.apply_platt_params,
-        "beta": _binary.apply_beta_params,
+        "ts": _Map(_temperature.apply_ts_params, _temperature.check_ts_params),
+        "ets": _Map(_ets.apply_fn("original"), _ets.check_ets_params),
+        "ets(logit)": _Map(_ets.apply_fn("logit"), _ets.check_ets_params),
+        "pts": _Map(_pts.apply_pts_params, _pts.check_pts_params),
+        "cts": _Map(_cts.apply_cts_params, _cts.check_cts_params),
+        "vector": _Map(_matrix.apply_vector_params, _calibrator.check_vector_params),
+        "matrix": _Map(_matrix.apply_matrix_params, _calibrator.check_matrix_params),
+        "dirichlet": _Map(
+            _dirichlet.apply_dirichlet_params, _calibrator.check_matrix_params
+        ),
+        "histogram_binning(top_label)": _Map(
+            _histogram.apply_top_label, _histogram.check_params
+        ),
+        "histogram_binning(one_vs_rest)": _Map(
+            _histogram.apply_one_vs_rest, _histogram.check_params
+        ),
+        "isotonic(top_label)": _Map(_isotonic.apply_top_label, _isotonic.check_params),
+        "isotonic(one_vs_rest)": _Map(
+            _isotonic.apply_one_vs_rest, _isotonic.check_params
+        ),
+        "platt": _Map(_binary.apply_platt_params, _binary.check_platt_params),
+        "beta": _Map(_binary.apply_beta_params, _binary.check_beta_params),
     }
+
+
+def _apply_table() -> dict[str, Callable]:
+    """Key -> ``apply_fn`` of every calibrator the library fits."""
+    return {key: m.apply for key, m in _maps().items()}
 
 
 def apply_keys() -> tuple[str, ...]:
     """The calibration maps a saved file can name (its ``apply`` field)."""
-    return tuple(_apply_table())
+    return tuple(_maps())
+
+
+def num_classes(apply_fn: Callable, params) -> int | None:
+    """The number of classes ``params`` of a library map are for, from their
+    shapes only (also under ``jax.jit``); None for a map that takes any K, a
+    map of another library, or a tree its map does not declare (e.g. the
+    stacked parameters of a vmapped fit)."""
+    for m in _maps().values():
+        if m.apply is apply_fn:
+            try:
+                return m.check(params, values=False)
+            except ValueError:
+                return None
+    return None
+
+
+def _base(name: str) -> str:
+    """``'ts'`` of ``'ts:nll+classwise'``, ``'isotonic'`` of
+    ``'isotonic(one_vs_rest)'``."""
+    for sep in ":(+":
+        name = name.split(sep)[0]
+    return name
+
+
+def _name_fits(name, key: str) -> bool:
+    """Whether a registry name can have the calibration map ``key``."""
+    if not isinstance(name, str) or _base(name) != _base(key):
+        return False
+    variant = name.partition("(")[2].partition(")")[0]
+    return not variant or variant == key.partition("(")[2].partition(")")[0]
 
 
 def _storable(dtype: np.dtype) -> bool:
@@ -118,26 +188,74 @@ def _encode(tree, prefix: str, arrays: dict) -> dict:
     )
 
 
-def _decode(node: dict, arrays):
-    kind = "array" if "array" in node else next(iter(node))
+# Deeper structures than any calibrator's are refused (a tampered header
+# could otherwise exhaust the recursion).
+_MAX_DEPTH = 32
+_SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
+_ARRAY_KINDS = ("jax", "numpy", "numpy_scalar")
+
+
+def _decode(node, arrays, depth: int = 0):
+    """The pytree a structure node describes; ValueError for a bad node."""
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"the structure is nested deeper than {_MAX_DEPTH} levels")
+    if not isinstance(node, dict) or not node:
+        raise ValueError(
+            f"a structure node must be a non-empty object, got {node!r:.40}"
+        )
+    if "array" in node:
+        return _decode_array(node, arrays)
+    if len(node) != 1:
+        raise ValueError(f"a structure node must have one key, got {sorted(node)}")
+    kind, value = next(iter(node.items()))
     if kind == "dict":
-        return {k: _decode(v, arrays) for k, v in node["dict"]}
+        if not isinstance(value, list) or not all(
+            isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) for e in value
+        ):
+            raise ValueError("a dict node must list [key, node] pairs")
+        return {k: _decode(v, arrays, depth + 1) for k, v in value}
     if kind in ("list", "tuple"):
-        items = [_decode(v, arrays) for v in node[kind]]
+        if not isinstance(value, list):
+            raise ValueError(f"a {kind} node must hold a list")
+        items = [_decode(v, arrays, depth + 1) for v in value]
         return items if kind == "list" else tuple(items)
-    if kind == "none":
+    if kind == "none" and value is True:
         return None
-    if kind in ("bool", "int", "float", "str"):
-        return {"bool": bool, "int": int, "float": float, "str": str}[kind](node[kind])
-    if kind == "array":
-        value = arrays[node["array"]]
+    if kind in _SCALARS and type(value) is _SCALARS[kind]:
+        return value
+    raise ValueError(f"unknown structure node {kind!r} = {value!r:.40}")
+
+
+def _decode_array(node, arrays):
+    """An array leaf: its stored dtype must be the header's (or, for a dtype
+    NumPy cannot store, the unsigned integer of its width)."""
+    if set(node) != {"array", "kind", "dtype"} or node["kind"] not in _ARRAY_KINDS:
+        raise ValueError(f"bad array node {node!r:.80}")
+    if node["array"] not in arrays:
+        raise ValueError(f"array entry {node['array']!r} is missing")
+    value = arrays[node["array"]]
+    try:
         dtype = np.dtype(jnp.dtype(node["dtype"]))
-        if value.dtype != dtype:
-            value = value.view(dtype)
-        if node["kind"] == "jax":
-            return jnp.asarray(value)
-        return value[()] if node["kind"] == "numpy_scalar" else value
-    raise ValueError(f"unknown node {kind!r}")
+    except TypeError:
+        raise ValueError(f"unknown dtype {node['dtype']!r:.40}") from None
+    if value.dtype != dtype:
+        stand_in = np.dtype(f"u{dtype.itemsize}")
+        if _storable(dtype) or value.dtype != stand_in:
+            raise ValueError(
+                f"array entry {node['array']!r} is stored as {value.dtype}, but "
+                f"the header says {dtype}"
+            )
+        value = value.view(dtype)
+    if node["kind"] == "jax":
+        return jnp.asarray(value)
+    if node["kind"] == "numpy_scalar":
+        if value.ndim:
+            raise ValueError(
+                f"array entry {node['array']!r} has shape {value.shape}, but the "
+                "header says scalar"
+            )
+        return value[()]
+    return value
 
 
 def save(calibrator, path, *, overwrite: bool = False) -> None:
@@ -184,7 +302,10 @@ def load(path, *, name: str | None = None):
     Raises:
       ValueError: missing or unreadable file, a file that is not a saved
         calibrator, another format kind or version, an unknown calibration
-        map, or a name other than ``name`` (one line naming the file).
+        map, a name that does not fit the map or is not ``name``, a corrupt
+        archive member, a stored dtype other than the header's, or
+        parameters that the map does not read or its fitter never returns
+        (one line naming the file).
     """
     from etils import epath
 
@@ -211,7 +332,15 @@ def load(path, *, name: str | None = None):
     try:
         header = json.loads(str(archive[_HEADER][()]))
         kind, version = header.get("format"), header.get("version")
-    except (ValueError, TypeError, AttributeError):
+    except (
+        ValueError,
+        TypeError,
+        AttributeError,
+        RecursionError,
+        OSError,
+        EOFError,
+        zipfile.BadZipFile,
+    ):
         raise ValueError(f"{path} has an unreadable {_HEADER} entry.") from None
     if kind != FORMAT:
         raise ValueError(
@@ -222,11 +351,17 @@ def load(path, *, name: str | None = None):
             f"{path} was saved in {FORMAT} format version {version!r}; this "
             f"calib_jax reads version {FORMAT_VERSION}."
         )
-    table = _apply_table()
-    if header.get("apply") not in table:
+    maps = _maps()
+    key = header.get("apply")
+    if not isinstance(key, str) or key not in maps:
         raise ValueError(
-            f"{path} names an unknown calibration map {header.get('apply')!r} "
-            f"(known: {', '.join(table)})."
+            f"{path} names an unknown calibration map {key!r:.60} "
+            f"(known: {', '.join(maps)})."
+        )
+    if not _name_fits(header.get("name"), key):
+        raise ValueError(
+            f"{path} is corrupt: calibrator name {header.get('name')!r:.60} does not "
+            f"fit its calibration map {key!r}."
         )
     if name is not None and header.get("name") != name:
         raise ValueError(
@@ -234,12 +369,24 @@ def load(path, *, name: str | None = None):
         )
     try:
         arrays = {k: archive[k] for k in files - {_HEADER}}
-        params = _decode(header["params"], arrays)
-        aux = _decode(header["aux"], arrays)
-    except (KeyError, ValueError, TypeError) as err:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         raise ValueError(
-            f"{path} is corrupt: its arrays do not match its header ({err!r})."
+            f"{path} is corrupt: an array entry does not read back "
+            f"({type(err).__name__})."
+        ) from None
+    try:
+        params = _decode(header.get("params"), arrays)
+        aux = _decode(header.get("aux"), arrays)
+    except ValueError as err:
+        raise ValueError(
+            f"{path} is corrupt: its arrays do not match its header ({err})."
+        ) from None
+    try:
+        maps[key].check(params, values=True)
+    except ValueError as err:
+        raise ValueError(
+            f"{path} is corrupt: bad parameters for calibration map {key!r}: {err}"
         ) from None
     return Calibrator(
-        params=params, aux=aux, name=header["name"], apply_fn=table[header["apply"]]
+        params=params, aux=aux, name=header["name"], apply_fn=maps[key].apply
     )

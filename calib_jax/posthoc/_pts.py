@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from calib_jax import _checks
-from calib_jax.posthoc import _core, _temperature, _validate
+from calib_jax.posthoc import _calibrator, _core, _temperature, _validate
 from calib_jax.posthoc._calibrator import Method
 
 LOSSES = ("nll", "brier")
@@ -265,3 +265,35 @@ def pts_method(
 def apply_pts_params(params, logits):
     """``apply_fn`` of a PTS :class:`~calib_jax.posthoc.Calibrator`."""
     return logits / sample_temperatures(params, logits)[:, None]
+
+
+def check_pts_params(params, *, values: bool = True) -> None:
+    """PTS parameters: a list of ``(w [d_in, d_out], b [d_out])`` layers that
+    chain (``d_out`` of one is ``d_in`` of the next, 1 at the end), finite.
+    Any K of at least the first ``d_in`` (the top-k inputs)."""
+    if not isinstance(params, (list, tuple)) or not params:
+        got = "an empty list" if isinstance(params, (list, tuple)) else "a "
+        got += "" if isinstance(params, (list, tuple)) else type(params).__name__
+        raise ValueError(
+            f"params must be a non-empty list of (w, b) layers, got {got}."
+        )
+    width = None
+    for i, layer in enumerate(params):
+        if not isinstance(layer, (list, tuple)) or len(layer) != 2:
+            raise ValueError(f"params[{i}] must be a (w, b) pair.")
+        w = _calibrator.param_array(layer[0], f"params[{i}][0]", 2)
+        b = _calibrator.param_array(layer[1], f"params[{i}][1]", 1)
+        d_out = 1 if i == len(params) - 1 else w.shape[1]
+        if (
+            (width is not None and w.shape[0] != width)
+            or w.shape[1] != d_out
+            or (b.shape != (d_out,))
+        ):
+            raise ValueError(
+                f"params[{i}] has shapes {w.shape}, {b.shape}: the layers do not "
+                "chain into one temperature per row."
+            )
+        width = d_out
+        if values:
+            _calibrator.check_param_values(f"params[{i}][0]", w)
+            _calibrator.check_param_values(f"params[{i}][1]", b)

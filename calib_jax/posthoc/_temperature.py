@@ -607,6 +607,13 @@ def apply_ts_params(params, logits):
     return logits / params["temperature"].astype(logits.dtype)
 
 
+def check_ts_params(params, *, values: bool = True) -> None:
+    """TS parameters ``{'temperature': []}``, finite and > 0 (any K)."""
+    t = _calibrator.param_arrays(params, {"temperature": 0})["temperature"]
+    if values:
+        _calibrator.check_param_values("params['temperature']", t, positive=True)
+
+
 def ts_method(*, max_iter: int = 100, tol: float = 1e-6):
     """TS with the NLL objective as a :class:`~calib_jax.posthoc._calibrator.Method`."""
 

@@ -6,8 +6,10 @@ under a temporary directory (printed, and kept):
 
 - the quick benchmark (``configs/benchmark_digits.py:quick``, as
   ``tests/benchmark/test_results_drift.py`` runs it), and writes
-  ``tests/benchmark/expected/quick/results.jsonl`` (its rows as written) and
-  ``claims.json`` (its claims with their verdicts);
+  ``tests/benchmark/expected/quick/results.jsonl`` (its rows as written),
+  ``claims.json`` (its claims with their verdicts) and ``machine.json`` (the
+  CPU and the jax/jaxlib versions that produced them: XLA:CPU's results
+  depend on both);
 - the full grid of ``make demo`` (``configs/benchmark_digits.py``), and writes
   ``tests/benchmark/expected/demo/claim_rows.jsonl`` (the per-seed values its
   claims read, :func:`calib_jax.benchmark.report.claim_rows`) and ``run.json``
@@ -37,7 +39,7 @@ from etils import epath
 
 from calib_jax import storage
 from calib_jax.benchmark import aggregation as agg
-from calib_jax.benchmark import paper_claims, report, runner
+from calib_jax.benchmark import paper_claims, report, reproducibility, runner
 from calib_jax.train.cli import fail, parse_flags
 
 ROOT = epath.Path(__file__).resolve().parent.parent
@@ -81,6 +83,8 @@ def write_quick(results: epath.Path) -> None:
     out = EXPECTED / "quick"
     storage.make_dirs(out)
     storage.write_bytes(out / runner.RESULTS_FILE, results.read_bytes())
+    text = json.dumps(reproducibility.machine(), indent=1, sort_keys=True)
+    storage.write_text(out / reproducibility.MACHINE_FILE, text + "\n")
     entries = paper_claims.claims(runner.read_rows(results))
     text = json.dumps(entries, indent=1, ensure_ascii=False)
     storage.write_text(out / "claims.json", text + "\n")

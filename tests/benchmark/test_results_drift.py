@@ -27,7 +27,7 @@ import sys
 import pytest
 from etils import epath
 
-from calib_jax.benchmark import paper_claims, runner
+from calib_jax.benchmark import paper_claims, reproducibility, runner
 
 ROOT = epath.Path(__file__).resolve().parent.parent.parent
 EXPECTED = epath.Path(__file__).resolve().parent / "expected" / "quick"
@@ -140,7 +140,11 @@ def test_quick_benchmark_matches_the_expected_rows_and_verdicts(tmp_path):
     differences = row_differences(_expected_rows(), rows)
     differences += claim_differences(_expected_claims(), paper_claims.claims(rows))
     if differences:
-        pytest.fail(summary(differences), pytrace=False)
+        recorded = json.loads((EXPECTED / reproducibility.MACHINE_FILE).read_text())
+        message = summary(differences)
+        pytest.fail(
+            f"{message}\n{reproducibility.describe_difference(recorded)}", pytrace=False
+        )
 
 
 def test_kept_rows_match_themselves_in_any_order():
@@ -240,3 +244,14 @@ def test_summary_shows_the_first_differences_and_their_count():
         *lines[:SHOWN],
     ]
     assert summary(lines[:2]).splitlines()[0] == f"2 differences from {EXPECTED}:"
+
+
+def test_the_recording_machine_is_kept_and_compared():
+    recorded = json.loads((EXPECTED / reproducibility.MACHINE_FILE).read_text())
+    assert set(recorded) == set(reproducibility.machine())
+    same = reproducibility.describe_difference(reproducibility.machine())
+    assert same == "this machine is the one that recorded the expected results."
+    other = dict(reproducibility.machine(), jaxlib="0.0.1")
+    line = reproducibility.describe_difference(other)
+    assert "\n" not in line
+    assert f"jaxlib '0.0.1' -> {reproducibility.machine()['jaxlib']!r}" in line

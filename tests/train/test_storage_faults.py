@@ -28,9 +28,10 @@ ARGS = (
     "--config.shifts.corruptions=none",
     "--config.checkpoint_timeout_s=20",
 )
-# Lines on stderr that are neither ours nor an error: the progress bar and
-# tensorstore's C++ notices (the emulator's test token).
-_NOISE = re.compile(r"^(train \S+:|[IW]\d{4} .*\.cc:\d+\])")
+# Lines on stderr that are neither ours nor an error: the progress bar,
+# tensorstore's C++ notices (the emulator's test token) and Orbax's warnings
+# (a save that waited for the previous one on a loaded machine).
+_NOISE = re.compile(r"^(train \S+:|[IW]\d{4} .*\.(cc|py):\d+\])")
 
 
 def _messages(stderr: str) -> list[str]:

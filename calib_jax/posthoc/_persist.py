@@ -45,6 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from calib_jax import storage
+
 FORMAT = "calib_jax.posthoc.Calibrator"
 FORMAT_VERSION = 1
 _HEADER = "__header__"
@@ -259,10 +261,13 @@ def _decode_array(node, arrays):
 
 
 def save(calibrator, path, *, overwrite: bool = False) -> None:
-    """Writes ``calibrator`` to ``path`` (see the module docstring)."""
-    from etils import epath
+    """Writes ``calibrator`` to ``path`` (see the module docstring).
 
-    path = epath.Path(path)
+    The file is written whole under a temporary name and renamed into place
+    (one upload on an object store), so a full disk or an interrupted save
+    never leaves a truncated calibrator under ``path``.
+    """
+    path = storage.as_path(path, what="path")
     if path.exists() and not overwrite:
         raise ValueError(f"{path} already exists; pass overwrite=True to replace it.")
     table = _apply_table()
@@ -283,8 +288,12 @@ def save(calibrator, path, *, overwrite: bool = False) -> None:
     }
     buffer = io.BytesIO()
     np.savez(buffer, **{_HEADER: np.array(json.dumps(header))}, **arrays)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(buffer.getvalue())
+    storage.make_dirs(path.parent)
+    try:
+        storage.write_bytes(path, buffer.getvalue(), exclusive=not overwrite)
+    except FileExistsError:
+        msg = f"{path} already exists; pass overwrite=True to replace it."
+        raise ValueError(msg) from None
 
 
 def load(path, *, name: str | None = None):

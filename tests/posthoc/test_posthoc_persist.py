@@ -306,3 +306,26 @@ def test_fused_fit_accuracy_breaks_ties_at_the_first_maximum(monkeypatch):
         _message_accuracy(str(w.message)) == pytest.approx(want, abs=5e-5) for w in rec
     )
     assert calls == [1]  # the tie sent it to the exact arg-max
+
+
+def test_a_save_that_fails_midway_leaves_no_file(tmp_path, monkeypatch):
+    import errno
+
+    from etils import epath
+
+    logits, labels = _data("ts", 0)
+    cal = posthoc.fit("ts", logits, labels)
+    path = tmp_path / "sub" / "ts.npz"
+    real = epath.Path.write_bytes
+
+    def full_disk(self, data):
+        real(self, data[: len(data) // 2])  # half the file, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(epath.Path, "write_bytes", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        cal.save(path)
+    assert list((tmp_path / "sub").iterdir()) == []
+    monkeypatch.undo()
+    cal.save(path)
+    _leaves_identical(posthoc.load(path).params, cal.params)

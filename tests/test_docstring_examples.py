@@ -18,9 +18,25 @@ MODULES = sorted(
 )
 
 
+# Modules whose examples fit and compile several calibrators: 30-48 s each of
+# make test beside 4 busy processes on 2 cores (make test-load). They run in
+# make test-slow with the other `long` tests.
+LONG = {
+    "calib_jax.conformal._registry",
+    "calib_jax.posthoc._binary",
+    "calib_jax.posthoc._cts",
+    "calib_jax.posthoc._ets",
+    "calib_jax.posthoc._histogram",
+}
+
+
 def _examples(name):
     tests = doctest.DocTestFinder().find(importlib.import_module(name))
     return [t for t in tests if t.examples]
+
+
+def test_the_long_modules_exist():
+    assert LONG <= set(MODULES)
 
 
 def test_the_public_functions_have_examples():
@@ -29,7 +45,10 @@ def test_the_public_functions_have_examples():
     assert sum(len(_examples(m)) for m in MODULES) >= 90
 
 
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(m, marks=pytest.mark.long) if m in LONG else m for m in MODULES],
+)
 def test_docstring_examples(name):
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     failures = []

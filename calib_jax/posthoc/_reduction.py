@@ -259,13 +259,17 @@ def grouped_order_statistics(
         if i == 0:
             parent = rank_group * size + chosen
             table = jnp.full((g_count * size,), slots, jnp.int32)
-            row_parent = jnp.where(group < g_count, group * size + digit, -1)
+            row_in = group < g_count
+            row_parent = group * size + digit
         else:
             parent = rank_slot * size + chosen
             table = jnp.full((slots * size,), slots, jnp.int32)
-            row_parent = jnp.where(row_slot < slots, row_slot * size + digit, -1)
+            row_in = row_slot < slots
+            row_parent = row_slot * size + digit
         table = table.at[parent.reshape(-1)].set(new_slot.reshape(-1))
-        row_slot = table.at[row_parent].get(mode="fill", fill_value=slots)
+        # A row already out of every slot stays out: it is masked, not given
+        # an index (a negative one would wrap to the table's last entry).
+        row_slot = jnp.where(row_in, table[jnp.where(row_in, row_parent, 0)], slots)
         rank_slot = new_slot
     return prefix, count_le, sizes
 

@@ -142,17 +142,18 @@ class Emulator:
         self.faults.write_text(json.dumps(rule))
 
     def stall_uploads(self, prefix: str, *, after: int, seconds: float) -> None:
-        """After ``after`` uploads under ``bucket/prefix``, the next hangs ``seconds``.
+        """After ``after`` uploads under ``bucket/prefix``, the next hangs.
 
-        The server answers one request at a time: while it hangs, every
-        client of the emulator waits. Later uploads pass.
+        It hangs ``seconds`` at most, or until :meth:`heal`. The server answers
+        one request at a time: while it hangs, every client of the emulator
+        waits. Later uploads pass.
         """
         bucket, name = prefix.split("/", 1)
         rule = {"bucket": bucket, "prefix": name, "after": after, "stall_s": seconds}
         self.faults.write_text(json.dumps(rule))
 
     def heal(self) -> None:
-        """Ends the fault of :meth:`fail_uploads`."""
+        """Ends the fault of :meth:`fail_uploads` or :meth:`stall_uploads`."""
         self.faults.unlink(missing_ok=True)
 
     def stop(self) -> None:

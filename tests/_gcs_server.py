@@ -20,7 +20,8 @@ variable ``CALIB_JAX_GCS_FAULTS`` exists, holding ``{"bucket": B, "prefix": P,
 "after": N, "status": S}``, media uploads to ``B`` of objects whose name
 starts with ``P`` get the HTTP status ``S`` (403: refused, not retried by
 clients) once ``N`` of them have succeeded; with ``"stall_s": T`` instead of
-a status, the next one is answered (normally) only after ``T`` seconds,
+a status, the next one is answered (normally) only after ``T`` seconds or
+once the rule is removed (the test's ``heal``), whichever comes first,
 during which the server, which serves one request at a time, answers
 nothing else.
 """
@@ -113,7 +114,9 @@ def _fault(bucket: str, name: str | None) -> int | None:
         return None
     if "stall_s" in rule:
         if done == rule["after"]:  # one upload hangs; the others pass
-            time.sleep(rule["stall_s"])
+            end = time.monotonic() + rule["stall_s"]
+            while os.path.exists(path) and time.monotonic() < end:
+                time.sleep(0.05)
         return None
     return int(rule["status"])
 

@@ -26,8 +26,15 @@ ARGS = (
     "--config.checkpoint_every=10",
     "--config.log_every=5",
     "--config.shifts.corruptions=none",
-    "--config.checkpoint_timeout_s=20",
 )
+# A save's time limit when an upload stalls, and how long the upload hangs:
+# healthy saves took over 20 s on a machine at load 18, so the limit is 120 s;
+# the hang outlasts it by as much again (it must end by itself: the emulator
+# answers nothing else meanwhile, and the stopping run still deletes its
+# workdir lock there). A refused save keeps the default limit (1200 s): its
+# verdict must come from the refusal, never from a slow save.
+STALL_TIMEOUT_S = 120
+STALL_S = 2 * STALL_TIMEOUT_S
 # Lines on stderr that are neither ours nor an error: the progress bar,
 # tensorstore's C++ notices (the emulator's test token) and Orbax's warnings
 # (a save that waited for the previous one on a loaded machine).
@@ -39,9 +46,9 @@ def _messages(stderr: str) -> list[str]:
     return [line for line in lines if line.strip() and not _NOISE.match(line)]
 
 
-def _run(workdir, cwd):
+def _run(workdir, cwd, *extra):
     return subprocess.run(
-        _cli.command("digits_ce.py", workdir, *ARGS),
+        _cli.command("digits_ce.py", workdir, *ARGS, *extra),
         cwd=cwd,
         env=_cli.env(),
         capture_output=True,
@@ -68,14 +75,15 @@ def test_storage_fault_mid_save_stops_with_one_line_and_rerun_resumes(
     bucket = gcs_bucket[len("gs://") :]
     workdir = f"{gcs_bucket}/run"
     # Step 20's save gets two uploads through; then the rest are refused, or
-    # the next one hangs 45 s (the run gives a save 20 s, ten times what a
-    # save takes on a loaded machine; the hang outlasts it by as much again).
+    # the next one hangs STALL_S, past the run's limit of STALL_TIMEOUT_S.
     prefix = f"{bucket}/run/checkpoints/20/"
     if fault == "refused":
         gcs_emulator.fail_uploads(prefix, after=2)
+        extra = ()
     else:
-        gcs_emulator.stall_uploads(prefix, after=2, seconds=45)
-    failed = _run(workdir, tmp_path)
+        gcs_emulator.stall_uploads(prefix, after=2, seconds=STALL_S)
+        extra = (f"--config.checkpoint_timeout_s={STALL_TIMEOUT_S}",)
+    failed = _run(workdir, tmp_path, *extra)
     gcs_emulator.heal()
     assert failed.returncode == 4, failed.stderr[-3000:]
     said = _messages(failed.stderr)
@@ -90,7 +98,7 @@ def test_storage_fault_mid_save_stops_with_one_line_and_rerun_resumes(
     assert not any(n.startswith("run/logits/") for n in gcs_emulator.objects(bucket))
 
     started = time.time()
-    rerun = _run(workdir, tmp_path)
+    rerun = _run(workdir, tmp_path, *extra)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert not any("damaged" in line for line in _messages(rerun.stderr))
     # Steps 5 and 10 are the first run's records; 15.. were logged again.

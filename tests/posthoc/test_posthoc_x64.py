@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 from calib_jax import posthoc
 
@@ -72,6 +73,9 @@ print(json.dumps(out))
 """
 
 
+# Fits and compiles 18 methods twice (about 3 minutes of make test at load 4):
+# make test-slow runs it.
+@pytest.mark.long
 def test_every_method_fits_in_x64_as_in_x32():
     env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
     proc = subprocess.run(

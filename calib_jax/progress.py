@@ -29,6 +29,8 @@ ENV = "CALIB_JAX_PROGRESS"
 _SHOWN = {"0": False, "1": True, "auto": True, "": True}
 # ANSI control sequences (tqdm moves the cursor to draw nested bars).
 _CONTROL = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# The drawn bar between a line's share and its count ("|####      |").
+_BAR = re.compile(r"\|[^|]*\|")
 
 
 class LineStream:
@@ -50,7 +52,9 @@ class LineStream:
     def write(self, text: str) -> int:
         """Writes ``text`` without carriage returns, as one line if not blank."""
         line = _CONTROL.sub("", text).replace("\r", "").strip()
-        count = line.split(" [", 1)[0]  # description, share, bar and n/total
+        # Description, share and n/total, without the bar: the bar's width
+        # follows the length of the rate text, which depends on timing.
+        count = _BAR.sub("|", line.split(" [", 1)[0])
         if line and count != self._last:
             self._last = count
             self._stream.write(line + "\n")

@@ -163,3 +163,18 @@ def test_nested_bars_off_a_terminal_write_plain_lines():
         "fits: 100%",
         "benchmark:  50%",
     ]
+
+
+def test_a_closing_line_with_another_bar_width_is_still_skipped():
+    # tqdm sizes the drawn bar to fit the rate text, whose length follows the
+    # timing ("12.3cell/s" or "1.23s/cell"): the closing line of a bar can
+    # differ from its last update in the bar alone, and is still a repeat.
+    stream = io.StringIO()
+    lines = progress.LineStream(stream)
+    lines.write("\rbenchmark:  50%|#####     | 1/2 [00:00<00:00, 9.1cell/s]")
+    lines.write("\rbenchmark:  50%|####      | 1/2 [00:01<00:01, 1.23s/cell]")
+    lines.write("\rbenchmark: 100%|##########| 2/2 [00:02<00:00, 1.00s/cell]")
+    assert [ln.split(" [")[0] for ln in stream.getvalue().splitlines()] == [
+        "benchmark:  50%|#####     | 1/2",
+        "benchmark: 100%|##########| 2/2",
+    ]

@@ -9,6 +9,11 @@ validate values (NaN/inf, simplex, label range, empty input) and raise
 ``ValueError``; inside ``jax.jit`` they skip the value checks and run the
 same jittable core.
 
+Per-row OOD scores from logits (``max_softmax_score``, ``max_logit_score``,
+``energy_score``, ``entropy_score``, ``mutual_information_score`` of member
+logits; by name: :func:`ood_score` over :data:`OOD_SCORES`) return float32
+``[N]`` scores, higher = more in-distribution, for ``ood_auroc`` and kin.
+
 :func:`bootstrap` gives percentile confidence intervals of any of them.
 Equal-width binned metrics come from mergeable :class:`BinnedStats`;
 binning conventions and library presets are in :data:`PRESETS` (see
@@ -24,6 +29,16 @@ from calib_jax.metrics._conventions import PRESETS, Convention, get_convention
 from calib_jax.metrics._ece import ece, mce, reliability_bins, rmsce
 from calib_jax.metrics._ks_sweep import ks_error, sweep_ece
 from calib_jax.metrics._ood import fpr_at_95_tpr, ood_aupr, ood_auroc
+from calib_jax.metrics._ood_scores import (
+    OOD_SCORES,
+    energy_score,
+    entropy_score,
+    max_logit_score,
+    max_softmax_score,
+    mutual_information,
+    mutual_information_score,
+    ood_score,
+)
 from calib_jax.metrics._proper import accuracy, brier, nll
 from calib_jax.metrics._risk_coverage import augrc, coverage_at_risk, risk_at_coverage
 from calib_jax.metrics._smooth import smooth_ece, smooth_reliability
@@ -77,6 +92,7 @@ def get_metric(name: str):
 
 __all__ = [
     "METRICS",
+    "OOD_SCORES",
     "PRESETS",
     "SPLIT_METRICS",
     "SUMMARY_METRICS",
@@ -94,15 +110,22 @@ __all__ = [
     "debiased_ece",
     "eaurc",
     "ece",
+    "energy_score",
+    "entropy_score",
     "fpr_at_95_tpr",
     "get_convention",
     "get_metric",
     "ks_error",
     "marginal_ece",
+    "max_logit_score",
+    "max_softmax_score",
     "mce",
+    "mutual_information",
+    "mutual_information_score",
     "nll",
     "ood_aupr",
     "ood_auroc",
+    "ood_score",
     "reliability_bins",
     "resample_indices",
     "risk_at_coverage",

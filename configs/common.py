@@ -43,10 +43,21 @@ def base() -> ml_collections.ConfigDict:
     c.seed = 0
 
     # dtype: computation dtype ('float32' | 'bfloat16' | 'float16'); parameters,
-    # optimizer state, losses and metrics stay float32.
+    # optimizer state, losses and metrics stay float32. dropout_rate: dropout
+    # of the models that have it (calib_jax.models.DROPOUT_MODELS; 0 = none).
     c.model = ml_collections.ConfigDict(
-        dict(name="mlp", dtype="float32", kwargs=ml_collections.ConfigDict())
+        dict(
+            name="mlp",
+            dtype="float32",
+            dropout_rate=0.0,
+            kwargs=ml_collections.ConfigDict(),
+        )
     )
+    # MC dropout (Gal & Ghahramani 2016) at evaluation: num_samples > 0
+    # dropout samples per row (a model with dropout_rate > 0), seeded by seed;
+    # every reported metric and the exported logits are of the mean of the
+    # samples' probabilities, and logits/*.npz also hold mutual_information.
+    c.mc_dropout = ml_collections.ConfigDict(dict(num_samples=0, seed=0))
     c.dataset = ml_collections.ConfigDict(
         dict(
             name="digits",

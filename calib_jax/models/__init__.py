@@ -5,6 +5,10 @@ Every model maps images ``[B, H, W, C]`` to float32 logits ``[B, K]`` with
 and ``head(h) -> [B, K]`` with ``__call__ == head(features(.))``. BatchNorm
 statistics live in the ``batch_stats`` collection; ``dtype`` sets the
 computation dtype (e.g. ``jnp.bfloat16``) while parameters stay float32.
+
+Models with a ``dropout_rate`` option (:data:`DROPOUT_MODELS`) can be sampled
+at test time with :func:`mc_dropout_logits` / :func:`mc_dropout_predict`
+(MC dropout, Gal and Ghahramani 2016).
 """
 
 from __future__ import annotations
@@ -16,6 +20,13 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from calib_jax.models._cnn import CNN
+from calib_jax.models._mc_dropout import (
+    MCDropoutPrediction,
+    count_dropout_layers,
+    mc_dropout_average,
+    mc_dropout_logits,
+    mc_dropout_predict,
+)
 from calib_jax.models._mlp import MLP
 from calib_jax.models._resnet import BottleneckResNet, ResNet
 from calib_jax.models._wide_resnet import WideResNet
@@ -32,6 +43,15 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "wrn28_10": functools.partial(WideResNet, depth=28, width=10, preact=True),
     "wrn26_10": functools.partial(WideResNet, depth=26, width=10, preact=False),
 }
+
+
+def _takes_dropout(ctor) -> bool:
+    cls = ctor.func if isinstance(ctor, functools.partial) else ctor
+    return "dropout_rate" in getattr(cls, "__dataclass_fields__", {})
+
+
+# Models with a ``dropout_rate`` option (``config.model.dropout_rate``).
+DROPOUT_MODELS = tuple(name for name, ctor in MODELS.items() if _takes_dropout(ctor))
 
 
 # Computation dtypes a config may name (``config.model.dtype``). Parameters,
@@ -55,13 +75,39 @@ def from_config(model_config, *, num_classes: int) -> nn.Module:
     ``model_config`` is ``config.model``: ``name``, ``dtype`` (the computation
     dtype, default ``'float32'``; ``'bfloat16'`` gives bf16 activations and
     matrix products with float32 parameters, optimizer state, losses and
-    metrics) and ``kwargs`` (model attributes). A ``dtype`` inside ``kwargs``
-    (the older spelling) is accepted when it does not contradict ``dtype``.
+    metrics), ``dropout_rate`` (default 0: no dropout layer; the models of
+    :data:`DROPOUT_MODELS` take a positive rate) and ``kwargs`` (model
+    attributes). A ``dtype`` inside ``kwargs`` (the older spelling) is
+    accepted when it does not contradict ``dtype``.
 
     Raises:
-      ValueError: unknown model name, dtype or model option (one line).
+      ValueError: unknown model name, dtype or model option, a dropout rate
+        outside ``[0, 1)`` or one for a model without dropout (one line).
     """
     kwargs = dict(model_config.get("kwargs") or {})
+    rate = model_config.get("dropout_rate", 0.0)
+    if (
+        isinstance(rate, bool)
+        or not isinstance(rate, (int, float))
+        or not 0.0 <= rate < 1.0
+    ):
+        raise ValueError(
+            f"config.model.dropout_rate must be a number in [0, 1), got {rate!r}."
+        )
+    if rate > 0:
+        name = model_config["name"]
+        if name in MODELS and name not in DROPOUT_MODELS:
+            raise ValueError(
+                f"config.model.dropout_rate={rate}: model '{name}' has no dropout; "
+                f"models with dropout: {', '.join(DROPOUT_MODELS)}."
+            )
+        if "dropout_rate" in kwargs and kwargs["dropout_rate"] != rate:
+            raise ValueError(
+                f"config.model.dropout_rate={rate} contradicts "
+                f"config.model.kwargs.dropout_rate={kwargs['dropout_rate']}; set "
+                "only config.model.dropout_rate."
+            )
+        kwargs["dropout_rate"] = float(rate)
     dtype = model_config.get("dtype", "float32")
     check_dtype(dtype, "config.model.dtype")
     if "dtype" in kwargs:
@@ -105,13 +151,19 @@ def get_model(name: str, *, num_classes: int, **kwargs) -> nn.Module:
 
 __all__ = [
     "CNN",
+    "DROPOUT_MODELS",
     "DTYPES",
     "MLP",
     "MODELS",
     "BottleneckResNet",
+    "MCDropoutPrediction",
     "ResNet",
     "WideResNet",
     "check_dtype",
+    "count_dropout_layers",
     "from_config",
     "get_model",
+    "mc_dropout_average",
+    "mc_dropout_logits",
+    "mc_dropout_predict",
 ]

@@ -76,7 +76,8 @@ def _with_summary(core, x, *args):
     """``core(x, *args)`` and the NaN/inf screen of ``x`` in one program."""
     finite = jnp.all(jnp.isfinite(x), axis=-1).reshape(-1)
     (bad,) = _checks.count_true(~finite)
-    return core(x, *args), bad, jnp.argmax(~finite)
+    first = jnp.argmax(~finite) if finite.size else jnp.zeros((), jnp.int32)
+    return core(x, *args), bad, first
 
 
 def _evaluate(core, x, *args, name: str = "logits"):

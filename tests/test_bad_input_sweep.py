@@ -666,3 +666,35 @@ def test_labels_beyond_int32_coverage_labels_and_apply_k_are_one_line(tmp_path):
     with pytest.raises(ValueError) as err:
         posthoc.load(tmp_path / "negated.npz")
     assert "params['temperature'] must be finite and > 0" in _one_line(err.value)
+
+
+# ---------------------------------------------------------------------------
+# OOD scores: names, member logits, temperature.
+# ---------------------------------------------------------------------------
+
+MEMBERS = RNG.normal(size=(3, 16, 4)).astype(np.float32)
+
+
+def test_ood_score_bad_names_members_and_temperature_are_one_line():
+    with pytest.raises(ValueError) as err:
+        metrics.ood_score("odin", LOGITS)
+    assert "known scores (OOD_SCORES): msp, max_logit, energy" in _one_line(err.value)
+    with pytest.raises(ValueError) as err:
+        metrics.ood_score("mutual_information", LOGITS)
+    assert "needs member_logits" in _one_line(err.value)
+    with pytest.raises(ValueError) as err:
+        metrics.ood_score("mutual_information", LOGITS, member_logits=LOGITS)
+    assert "member_logits must have shape [M, N, K]" in _one_line(err.value)
+    with pytest.raises(ValueError) as err:
+        metrics.ood_score("mutual_information", LOGITS, member_logits=MEMBERS[:, :8])
+    assert "[N, K] = (16, 4) (the shape of logits), got shape (3, 8, 4)" in _one_line(
+        err.value
+    )
+    with pytest.raises(ValueError) as err:
+        metrics.energy_score(LOGITS, temperature=0.0)
+    assert "temperature must be > 0, got 0.0" in _one_line(err.value)
+    with pytest.raises(ValueError) as err:
+        metrics.ood_score("entropy", _with(4, np.nan))
+    assert "logits contains NaN or inf in 1 row(s) (first: row 4)" in _one_line(
+        err.value
+    )

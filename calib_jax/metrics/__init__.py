@@ -24,10 +24,18 @@ from calib_jax.metrics._adaptive import adaptive_ece
 from calib_jax.metrics._aurc import aurc, eaurc
 from calib_jax.metrics._binned_stats import BinnedStats
 from calib_jax.metrics._bootstrap import BootstrapResult, bootstrap, resample_indices
+from calib_jax.metrics._calibration_tests import (
+    CalibrationTest,
+    SpiegelhalterStats,
+    ece_consistency_test,
+    spiegelhalter_test,
+)
 from calib_jax.metrics._classwise import classwise_ece, debiased_ece, marginal_ece
 from calib_jax.metrics._conventions import PRESETS, Convention, get_convention
+from calib_jax.metrics._decomposition import Decomposition, corp_decomposition
 from calib_jax.metrics._ece import ece, mce, reliability_bins, rmsce
 from calib_jax.metrics._ks_sweep import ks_error, sweep_ece
+from calib_jax.metrics._multilabel import MultilabelStats, multilabel_ece
 from calib_jax.metrics._ood import fpr_at_95_tpr, ood_aupr, ood_auroc
 from calib_jax.metrics._ood_scores import (
     OOD_SCORES,
@@ -98,7 +106,11 @@ __all__ = [
     "SUMMARY_METRICS",
     "BinnedStats",
     "BootstrapResult",
+    "CalibrationTest",
     "Convention",
+    "Decomposition",
+    "MultilabelStats",
+    "SpiegelhalterStats",
     "accuracy",
     "adaptive_ece",
     "augrc",
@@ -106,10 +118,12 @@ __all__ = [
     "bootstrap",
     "brier",
     "classwise_ece",
+    "corp_decomposition",
     "coverage_at_risk",
     "debiased_ece",
     "eaurc",
     "ece",
+    "ece_consistency_test",
     "energy_score",
     "entropy_score",
     "fpr_at_95_tpr",
@@ -120,6 +134,7 @@ __all__ = [
     "max_logit_score",
     "max_softmax_score",
     "mce",
+    "multilabel_ece",
     "mutual_information",
     "mutual_information_score",
     "nll",
@@ -132,6 +147,7 @@ __all__ = [
     "rmsce",
     "smooth_ece",
     "smooth_reliability",
+    "spiegelhalter_test",
     "summary",
     "summary_functions",
     "sweep_ece",

@@ -1,0 +1,542 @@
+r"""Multi-label calibration: binary per-label ECE of sigmoid outputs.
+
+A multi-label model scores every one of ``L`` labels independently with a
+sigmoid: logits ``[N, L]``, probabilities :math:`p_{il} = \sigma(z_{il})` of
+the positive class and 0/1 targets :math:`y_{il}`. Each label is a binary
+problem of its own, so its calibration error is the *binary* binned ECE of
+the probability of the positive class (not the top-label error of the pair
+:math:`(1 - p, p)`):
+
+.. math::
+
+    \mathrm{ECE}_l = \sum_b \frac{n_{lb}}{N}\,
+    \Big|\frac{1}{n_{lb}}\sum_{i \in B_{lb}} y_{il} -
+    \frac{1}{n_{lb}}\sum_{i \in B_{lb}} p_{il}\Big| .
+
+``average='macro'`` is the label mean :math:`\frac{1}{L}\sum_l
+\mathrm{ECE}_l`, ``'micro'`` the ECE of all :math:`N L` pairs
+:math:`(p_{il}, y_{il})` pooled in one histogram, ``'none'`` the ``[L]``
+vector. With one-hot labels of a softmax model and ``inputs='probs'``, the
+macro value is the class-wise ECE (Def. A.1 of the reweighted-risk paper,
+:func:`calib_jax.metrics.classwise_ece`).
+
+Bins follow the metrics' :class:`~calib_jax.metrics.Convention`: equal-width
+bins as :func:`calib_jax.metrics.ece` (default ``'calib_jax'``: bins
+``[E_k, E_{k+1})`` with :math:`E_k` the float32 nearest to ``k / M``, exactly
+0 in the first bin and exactly 1.0 in the last, empty bins contribute
+nothing), equal-mass bins as :func:`calib_jax.metrics.adaptive_ece`
+(default ``'rank'``: ``np.array_split`` of each label's sorted
+probabilities, ties kept together; one sort per label, vmapped, or from
+``2**15`` rows on the radix select of ``_order_statistics.py``; ``'micro'``
+sorts the ``N L`` pooled probabilities).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from calib_jax import _checks, kernels
+from calib_jax.metrics import _adaptive, _common, _conventions, _kernels
+from calib_jax.metrics._conventions import Convention
+
+INPUTS = ("logits", "probs")
+AVERAGES = ("macro", "micro", "none")
+BINNINGS = ("equal_width", "equal_mass")
+
+
+# ---------------------------------------------------------------------------
+# Checks (static always; values when concrete, fused into the metric's call)
+# ---------------------------------------------------------------------------
+
+
+def check_multilabel(x, labels, where=None, *, name: str = "logits"):
+    """Static checks of multi-label scores ``[N, L]``, targets and row mask.
+
+    Args:
+      x: float ``[N, L]`` logits or probabilities.
+      labels: bool, integer or float ``[N, L]`` 0/1 targets.
+      where: optional bool ``[N]`` row mask.
+      name: how ``x`` is called in messages.
+
+    Returns:
+      ``(x, labels, where)`` as JAX arrays (``where`` may stay None).
+
+    Raises:
+      TypeError: non-floating ``x``, labels that are not bool, integer or
+        float, a non-bool ``where``.
+      ValueError: ``x`` not of rank 2, ``N = 0`` or ``L = 0``, labels of
+        another shape than ``x``, a mask of another length.
+    """
+    x = _checks.check_floating(x, name)
+    _checks.check_rank(x, name, "[N, L]")
+    n, num_labels = x.shape
+    if n == 0 or num_labels == 0:
+        raise ValueError(
+            f"{name} is empty (shape {x.shape}): multi-label calibration needs "
+            "N >= 1 rows and L >= 1 labels."
+        )
+    labels = jnp.asarray(labels)
+    if not (
+        labels.dtype == jnp.bool_
+        or jnp.issubdtype(labels.dtype, jnp.integer)
+        or jnp.issubdtype(labels.dtype, jnp.floating)
+    ):
+        raise TypeError(
+            f"labels must be bool, integer or float 0/1 targets, got dtype "
+            f"{labels.dtype}."
+        )
+    if labels.shape != x.shape:
+        raise ValueError(
+            f"labels must have the shape of {name}, [N, L] = {x.shape} (one 0/1 "
+            f"target per row and label), got shape {labels.shape}."
+        )
+    where = _checks.check_where(where, n)
+    return x, labels, where
+
+
+def value_summary(x, labels, where, inputs: str):
+    """The value checks of multi-label inputs as a few scalars (traceable).
+
+    Returns ``(included, bad_rows, first_bad_row, bad_labels, first_bad_row,
+    first_bad_label, bad_value)``: included rows; included rows of ``x``
+    holding NaN/inf (``inputs='probs'``: also an entry outside [0, 1]); the
+    first of them; included targets that are not 0 or 1, the row, label and
+    value of the first one.
+    """
+    n, num_labels = x.shape
+    valid = jnp.ones((n,), bool) if where is None else where
+    xf = _common.as_float(x)
+    ok = jnp.isfinite(xf)
+    if inputs == "probs":
+        ok = ok & (xf >= 0.0) & (xf <= 1.0)
+    bad_row = valid & ~jnp.all(ok, axis=1)
+    bad_label = valid[:, None] & (labels != 0) & (labels != 1)
+    flat = jnp.argmax(bad_label.reshape(-1))
+    included, bad_rows = _checks.count_true(valid, bad_row)
+    bad_labels = jnp.sum(bad_label.astype(jnp.int32))
+    return (
+        included,
+        bad_rows,
+        jnp.argmax(bad_row),
+        bad_labels,
+        flat // num_labels,
+        flat % num_labels,
+        labels.reshape(-1)[flat],
+    )
+
+
+def raise_for_summary(
+    summary, *, name: str, inputs: str, purpose: str = "a metric"
+) -> None:
+    """Raises the one-line ValueError a :func:`value_summary` calls for
+    (``purpose`` names what needs a row: ``'a metric'``, ``'fitting'``)."""
+    if not _checks.is_concrete(*summary):
+        return
+    included, bad_rows, first_row, bad_labels, row, label, value = jax.device_get(
+        summary
+    )
+    if int(included) == 0:
+        raise ValueError(
+            f"where excludes every row: {purpose} needs at least one sample."
+        )
+    if int(bad_rows):
+        if inputs == "probs":
+            raise ValueError(
+                f"{name} must be probabilities in [0, 1] with inputs='probs'; "
+                f"{int(bad_rows)} row(s) hold a value outside it or NaN/inf "
+                f"(first: row {int(first_row)}). For logits pass inputs='logits'."
+            )
+        raise ValueError(
+            f"{name} contains NaN or inf in {int(bad_rows)} row(s) (first: row "
+            f"{int(first_row)})."
+        )
+    if int(bad_labels):
+        shown = value.item() if hasattr(value, "item") else value
+        raise ValueError(
+            f"labels must be 0 or 1 (one binary target per row and label); found "
+            f"{shown!r} at row {int(row)}, label {int(label)} ({int(bad_labels)} "
+            "target(s) not 0/1)."
+        )
+
+
+def check_options(num_bins, binning, average, inputs, convention):
+    """Checks the options of :func:`multilabel_ece`; returns ``(M, convention)``."""
+    conv = _conventions.get_convention(convention)
+    m = _checks.check_num_bins(num_bins)
+    _checks.check_choice("binning", binning, BINNINGS)
+    _checks.check_choice("average", average, AVERAGES)
+    _checks.check_choice("inputs", inputs, INPUTS)
+    if binning == "equal_mass":
+        _adaptive.check_equal_mass(conv)
+    return m, conv
+
+
+# ---------------------------------------------------------------------------
+# Cores (traceable, no checks)
+# ---------------------------------------------------------------------------
+
+
+def label_probs(x: jax.Array, inputs: str) -> jax.Array:
+    r"""Positive-class probabilities ``[N, L]``: :math:`\exp(\log\sigma(z))`
+    for logits (``jax.nn.log_sigmoid``, stable at large :math:`|z|`), the
+    input itself for probabilities; float32 (float64 stays float64)."""
+    x = _common.as_float(x)
+    if inputs == "logits":
+        return jnp.exp(jax.nn.log_sigmoid(x))
+    return x
+
+
+def _prepared(x, labels, where, inputs):
+    """``(probs, outcome, valid)``: excluded rows zeroed before the sigmoid,
+    so NaN/inf padding reaches no sum."""
+    valid = _common.mask_or_ones(where, x.shape[0])
+    x = _common.as_float(x)
+    if where is not None:
+        x = jnp.where(valid[:, None], x, jnp.zeros_like(x))
+    return label_probs(x, inputs), labels == 1, valid
+
+
+def width_sums(probs, outcome, valid, num_bins, convention):
+    """Per-label equal-width ``(count, sum_prob, sum_label)``, each ``[L, S]``.
+
+    One scatter-add of the ``N L`` entries into ``L S`` accumulators (the
+    top-label kernel, :func:`_kernels.accumulate_top_label`, with the bin of
+    entry ``(i, l)`` offset by ``l S``).
+    """
+    n, num_labels = probs.shape
+    slots = _conventions.num_slots(convention, num_bins)
+    bins = _conventions.bin_index(probs, num_bins, convention)
+    offset = jnp.arange(num_labels, dtype=jnp.int32)[None, :] * slots
+    seg = jnp.where(bins >= 0, bins + offset, -1)
+    keep = jnp.broadcast_to(valid[:, None], (n, num_labels))
+    count, sum_prob, sum_label = _kernels.accumulate_top_label(
+        probs.reshape(-1),
+        outcome.reshape(-1),
+        seg.reshape(-1),
+        keep.reshape(-1),
+        num_labels * slots,
+    )
+    shape = (num_labels, slots)
+    return count.reshape(shape), sum_prob.reshape(shape), sum_label.reshape(shape)
+
+
+def mass_sums(conf, outcome, valid, num_bins, rule):
+    """Equal-mass ``(count, sum_prob, sum_label, n)`` of one ``[N]`` vector.
+
+    The ``'rank'`` rule from ``2**15`` rows on uses the radix select of
+    :func:`calib_jax.metrics.adaptive_ece` (kernel family
+    ``'metric_radix_select'``); otherwise one sort (``_adaptive.py``).
+    """
+    if rule == "rank" and conf.shape[0] >= _adaptive.SELECT_MIN_ROWS:
+        return kernels.select(
+            "metric_radix_select",
+            functools.partial(_adaptive._rank_stats_select, num_bins=num_bins),
+            functools.partial(_adaptive._rank_stats_sort, num_bins=num_bins),
+            conf,
+            outcome,
+            valid,
+        )
+    count, sum_conf, sum_label, n, _, _ = _adaptive.equal_mass_stats(
+        conf, outcome, valid, num_bins, rule
+    )
+    return count, sum_conf, sum_label, n
+
+
+def _per_label_error(count, sum_prob, sum_label, total, convention):
+    """Binary binned ECE per label, ``[..., S] -> [...]``."""
+    return _common.binned_error(
+        count, sum_prob, sum_label, total, p=1, min_count=convention.min_count
+    )
+
+
+def _reduce(count, sum_prob, sum_label, total, average, convention):
+    """ECE of per-label sums ``[L, S]`` (equal-width: the same bins for all
+    labels, so the micro value pools the sums)."""
+    if average == "micro":
+        num_labels = count.shape[0]
+        return _per_label_error(
+            jnp.sum(count, axis=0),
+            jnp.sum(sum_prob, axis=0),
+            jnp.sum(sum_label, axis=0),
+            total * num_labels,
+            convention,
+        )
+    per_label = _per_label_error(count, sum_prob, sum_label, total, convention)
+    return jnp.mean(per_label) if average == "macro" else per_label
+
+
+def multilabel_core(x, labels, where, num_bins, binning, average, inputs, convention):
+    """:func:`multilabel_ece` on checked inputs (traceable)."""
+    probs, outcome, valid = _prepared(x, labels, where, inputs)
+    if binning == "equal_width":
+        count, sum_prob, sum_label = width_sums(
+            probs, outcome, valid, num_bins, convention
+        )
+        total = jnp.sum(valid.astype(jnp.int32))
+        out = _reduce(count, sum_prob, sum_label, total, average, convention)
+        return out.astype(jnp.float32)
+    rule = convention.equal_mass
+    if average == "micro":
+        n, num_labels = probs.shape
+        keep = jnp.broadcast_to(valid[:, None], (n, num_labels)).reshape(-1)
+        count, sum_prob, sum_label, total = mass_sums(
+            probs.reshape(-1), outcome.reshape(-1), keep, num_bins, rule
+        )
+        return _per_label_error(count, sum_prob, sum_label, total, convention).astype(
+            jnp.float32
+        )
+
+    def one(conf, out):
+        return mass_sums(conf, out, valid, num_bins, rule)
+
+    count, sum_prob, sum_label, total = jax.vmap(one)(probs.T, outcome.T)
+    per_label = _per_label_error(count, sum_prob, sum_label, total[0], convention)
+    out = jnp.mean(per_label) if average == "macro" else per_label
+    return out.astype(jnp.float32)
+
+
+_STATIC = (3, 4, 5, 6, 7)
+_core = jax.jit(multilabel_core, static_argnums=_STATIC)
+
+
+@functools.partial(jax.jit, static_argnums=_STATIC)
+def _checked_core(x, labels, where, num_bins, binning, average, inputs, convention):
+    out = multilabel_core(
+        x, labels, where, num_bins, binning, average, inputs, convention
+    )
+    return out, value_summary(x, labels, where, inputs)
+
+
+def multilabel_ece(
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    num_bins: int = 15,
+    binning: str = "equal_width",
+    average: str = "macro",
+    inputs: str = "logits",
+    convention: str | Convention = _conventions.DEFAULT,
+    where: jax.typing.ArrayLike | None = None,
+) -> jax.Array:
+    r"""Multi-label ECE: binary binned ECE per label, macro/micro averaged.
+
+    Each label :math:`l` is a binary problem scored by the sigmoid
+    probability of its positive class, :math:`p_{il} = \sigma(z_{il})`
+    (computed as :math:`\exp(\log\sigma(z))`, float32), and its ECE is the
+    binned estimator of [1] (Def. 3.6; [2], Eq. (3)) applied to
+    :math:`(p_{il}, y_{il})`:
+
+    .. math::
+
+        \mathrm{ECE}_l = \sum_{b} \frac{n_{lb}}{N}
+        \big|\bar y_{lb} - \bar p_{lb}\big|, \qquad
+        \mathrm{macro} = \frac{1}{L}\sum_{l} \mathrm{ECE}_l, \qquad
+        \mathrm{micro} = \sum_b \frac{n_b}{N L}\big|\bar y_b - \bar p_b\big|,
+
+    where the micro bins :math:`b` pool all :math:`N L` pairs. This is the
+    per-label form of the class-wise ECE (Def. A.1 of [1]) with independent
+    labels instead of one softmax.
+
+    Bins follow ``convention`` as :func:`ece` (``'equal_width'``; default
+    bins ``[E_k, E_{k+1})``, :math:`E_k` the float32 nearest to ``k/M``, 0 in
+    the first bin, 1.0 in the last, empty bins contribute nothing) and
+    :func:`adaptive_ece` (``'equal_mass'``; default ``'rank'``:
+    ``np.array_split`` of each label's sorted probabilities, ties together;
+    the micro value sorts the pooled pairs). Equal-width values are sums over
+    rows: :class:`MultilabelStats` is the mergeable form. Equal-mass values
+    are sort-based (collect the split, call once).
+
+    Args:
+      logits: float ``[N, L]`` sigmoid logits (or probabilities of the
+        positive class with ``inputs='probs'``).
+      labels: ``[N, L]`` 0/1 targets (bool, integer or float).
+      num_bins: static int ``M >= 1`` (per label).
+      binning: ``'equal_width'`` or ``'equal_mass'``.
+      average: ``'macro'`` (label mean), ``'micro'`` (pooled pairs) or
+        ``'none'`` (the ``[L]`` per-label values).
+      inputs: ``'logits'`` (default) or ``'probs'``.
+      convention: preset name or :class:`~calib_jax.metrics.Convention`.
+      where: optional bool ``[N]``; ``False`` rows are excluded entirely.
+
+    Returns:
+      float32 scalar (``[L]`` for ``average='none'``); global-batch value
+      under a data-sharded ``jax.jit``.
+
+    Raises:
+      ValueError: unknown ``binning``/``average``/``inputs``, labels of
+        another shape than ``logits``, and for concrete inputs labels not
+        0/1, NaN/inf logits, probabilities outside [0, 1], or a mask
+        excluding every row (one line each; no value checks under
+        ``jax.jit``).
+
+    References:
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC,
+      Focal and Inverse Focal Loss", Def. 3.6 and Def. A.1 (Eq. (18)).
+      [2] C. Guo et al., "On Calibration of Modern Neural Networks", ICML
+      2017, arXiv:1706.04599v2, Eq. (3).
+      [3] J. Mukhoti et al., "Calibrating Deep Neural Networks using Focal
+      Loss", NeurIPS 2020 (equal-mass bins, AdaECE).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.2], [0.3, 0.6], [0.8, 0.1], [0.2, 0.7]])
+      >>> labels = jnp.array([[1, 0], [0, 1], [1, 1], [0, 0]])
+      >>> ece = metrics.multilabel_ece(
+      ...     probs, labels, num_bins=5, inputs="probs", average="none")
+      >>> print([round(float(v), 3) for v in ece])
+      [0.2, 0.35]
+    """
+    m, conv = check_options(num_bins, binning, average, inputs, convention)
+    name = "logits" if inputs == "logits" else "probs"
+    x, labels, where = check_multilabel(logits, labels, where, name=name)
+    static = (m, binning, average, inputs, conv)
+    if not _checks.is_concrete(x, labels, where):
+        return _core(x, labels, where, *static)
+    out, summary = _checked_core(x, labels, where, *static)
+    raise_for_summary(summary, name=name, inputs=inputs)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Mergeable equal-width statistics
+# ---------------------------------------------------------------------------
+
+
+@struct.dataclass
+class MultilabelStats:
+    r"""Per-label equal-width bin sums of :func:`multilabel_ece` (mergeable).
+
+    Per label and bin: the number of entries, the sum of positive-class
+    probabilities and the number of positive targets; plus the number of
+    included rows ``N``. They add across batches and devices (:meth:`merge`
+    or ``+``) and :meth:`compute` reduces them once, so a split evaluated in
+    chunks gives the value of the whole split (counts exact; probability sums
+    float32, equal up to summation order).
+
+    Attributes:
+      count: int32 ``[L, S]`` entries per label and bin.
+      sum_prob: float ``[L, S]`` sum of probabilities.
+      sum_label: int32 ``[L, S]`` positive targets.
+      total: int32 scalar, included rows ``N``.
+      num_bins: static ``M``; ``S = M`` (``M + 1`` with ``top='extra'``).
+      convention: static :class:`~calib_jax.metrics.Convention`.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax.metrics import MultilabelStats
+      >>> z = jnp.array([[2.0, -1.0], [-0.5, 0.4], [1.5, -2.0], [-1.0, 1.0]])
+      >>> y = jnp.array([[1, 0], [0, 1], [1, 1], [0, 0]])
+      >>> a = MultilabelStats.from_batch(z[:2], y[:2], num_bins=5)
+      >>> b = MultilabelStats.from_batch(z[2:], y[2:], num_bins=5)
+      >>> print(f"{float(a.merge(b).compute()):.4f}")
+      0.4038
+    """
+
+    count: jax.Array
+    sum_prob: jax.Array
+    sum_label: jax.Array
+    total: jax.Array
+    num_bins: int = struct.field(pytree_node=False, default=15)
+    convention: Convention = struct.field(
+        pytree_node=False, default=_conventions.PRESETS[_conventions.DEFAULT]
+    )
+
+    @classmethod
+    def empty(
+        cls,
+        num_labels: int,
+        num_bins: int = 15,
+        *,
+        convention: str | Convention = _conventions.DEFAULT,
+    ) -> MultilabelStats:
+        """All-zero statistics for ``num_labels`` labels (the identity of
+        :meth:`merge`)."""
+        conv = _conventions.get_convention(convention)
+        m = _checks.check_num_bins(num_bins)
+        num_labels = _checks.check_positive_int("num_labels", num_labels)
+        shape = (num_labels, _conventions.num_slots(conv, m))
+        zeros = jnp.zeros(shape, jnp.int32)
+        return cls(
+            count=zeros,
+            sum_prob=jnp.zeros(shape, jnp.float32),
+            sum_label=zeros,
+            total=jnp.zeros((), jnp.int32),
+            num_bins=m,
+            convention=conv,
+        )
+
+    @classmethod
+    def from_batch(
+        cls,
+        logits: jax.typing.ArrayLike,
+        labels: jax.typing.ArrayLike,
+        *,
+        num_bins: int = 15,
+        inputs: str = "logits",
+        convention: str | Convention = _conventions.DEFAULT,
+        where: jax.typing.ArrayLike | None = None,
+    ) -> MultilabelStats:
+        """Statistics of one batch (arguments as :func:`multilabel_ece`)."""
+        m, conv = check_options(num_bins, "equal_width", "macro", inputs, convention)
+        name = "logits" if inputs == "logits" else "probs"
+        x, labels, where = check_multilabel(logits, labels, where, name=name)
+        if _checks.is_concrete(x, labels, where):
+            summary = _summary_jit(x, labels, where, inputs)
+            raise_for_summary(summary, name=name, inputs=inputs)
+        return _stats_from_batch(x, labels, where, m, inputs, conv)
+
+    def merge(self, other: MultilabelStats) -> MultilabelStats:
+        """Sum of two statistics with the same labels, bins and convention."""
+        same = (self.num_bins, self.convention) == (other.num_bins, other.convention)
+        if not same or self.count.shape != other.count.shape:
+            raise ValueError(
+                "cannot merge MultilabelStats with different num_bins, convention "
+                f"or number of labels: {self.num_bins}/{self.convention.name}/"
+                f"{self.count.shape} vs {other.num_bins}/{other.convention.name}/"
+                f"{other.count.shape}."
+            )
+        return self.replace(
+            count=self.count + other.count,
+            sum_prob=self.sum_prob + other.sum_prob,
+            sum_label=self.sum_label + other.sum_label,
+            total=self.total + other.total,
+        )
+
+    __add__ = merge
+
+    def compute(self, average: str = "macro") -> jax.Array:
+        """The multi-label ECE of the accumulated rows (see
+        :func:`multilabel_ece`): ``'macro'``, ``'micro'`` or ``'none'``."""
+        _checks.check_choice("average", average, AVERAGES)
+        out = _reduce(
+            self.count,
+            self.sum_prob,
+            self.sum_label,
+            self.total,
+            average,
+            self.convention,
+        )
+        return out.astype(jnp.float32)
+
+
+def stats_from_batch(x, labels, where, num_bins, inputs, convention):
+    """:meth:`MultilabelStats.from_batch` on checked inputs (traceable)."""
+    probs, outcome, valid = _prepared(x, labels, where, inputs)
+    count, sum_prob, sum_label = width_sums(probs, outcome, valid, num_bins, convention)
+    return MultilabelStats(
+        count=count,
+        sum_prob=sum_prob,
+        sum_label=sum_label,
+        total=jnp.sum(valid.astype(jnp.int32)),
+        num_bins=num_bins,
+        convention=convention,
+    )
+
+
+_stats_from_batch = jax.jit(stats_from_batch, static_argnums=(3, 4, 5))
+_summary_jit = jax.jit(value_summary, static_argnums=3)

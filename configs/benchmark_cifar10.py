@@ -6,10 +6,14 @@ TFDS array_record directories, see docs/data.md)::
   python -m calib_jax.benchmark --config configs/benchmark_cifar10.py \
       --workdir /tmp/bench_c10 --config.train.dataset.data_dir=$TFDS_DATA_DIR
 
-The whole grid (20 methods x 16 calibrators x 3 seeds; the binary-only Platt
+The whole grid (23 training methods, MC dropout among them, and
+``ensemble(ce)``, a deep ensemble of 4 cross-entropy runs, x 16 calibrators x
+3 seeds; the binary-only Platt
 and Beta calibrators are skipped for K = 10) of WRN-28-10 runs with
 the soft-calibration paper's recipe (200 epochs, SGD 0.1, L2 5e-4, batch 512):
-57 trainings of about 3 h each on 1xH100 (not measured here).
+78 trainings (23 x 3, and the cross-entropy runs of seeds 3-11 that the
+ensembles of seeds 0-3, 4-7 and 8-11 add) of about 3 h each on 1xH100 (not
+measured here).
 OOD detection is scored against SVHN (``tfds build svhn_cropped
 --file_format=array_record`` into the same TFDS data dir; docs/data.md).
 Variants: ``:seeds=N``, ``:shifts=jax`` (JAX corruptions of the test split

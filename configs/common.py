@@ -255,6 +255,21 @@ def benchmark_base() -> ml_collections.ConfigDict:
     # Per-cell percentile intervals of accuracy, ECE and NLL on the clean test
     # set (calib_jax.metrics.bootstrap; a fixed key per cell); 0 = none.
     c.bootstrap = ml_collections.ConfigDict(dict(num_samples=200, confidence=0.95))
+    # Calibration tests of every result row (calib_jax.metrics): Spiegelhalter's
+    # Z test on every set, and on the clean test set the consistency-resampling
+    # p-value of the ECE (Broecker & Smith 2007; `num_samples` resamples, a fixed
+    # key per cell; 0 = none) and the CORP decompositions.
+    c.calibration_tests = ml_collections.ConfigDict(dict(num_samples=200))
+    # Deep ensembles, method 'ensemble(<method>)': ensemble g = 0..num_groups-1
+    # (its `seed` in the rows) averages the runs of <method> with seeds
+    # g*size..(g+1)*size-1; member seeds outside `seeds` are trained for the
+    # ensembles only when `extra_runs` (they give no rows of <method>).
+    c.ensemble = ml_collections.ConfigDict(dict(size=3, num_groups=3, extra_runs=True))
+    # Method 'mc_dropout': cross-entropy with this dropout rate, evaluated by
+    # `num_samples` test-time dropout samples drawn from `seed`.
+    c.mc_dropout = ml_collections.ConfigDict(
+        dict(dropout_rate=0.1, num_samples=16, seed=0)
+    )
     # Far-OOD set of the digits benchmark (no download; docs/data.md); the
     # CIFAR benchmarks use SVHN. '' = no OOD scores.
     c.train.ood.dataset = "digits_patches"
@@ -302,9 +317,14 @@ def cifar_benchmark(dataset: str, model: str, arg: str | None):
         c.train.shifts.dataset = f"{dataset}_corrupted"
     elif a.shifts != "jax":
         raise ValueError(f"shifts must be 'published' or 'jax', got '{a.shifts}'.")
-    c.methods = grid.METHODS
+    c.methods = (*grid.METHODS, grid.ensemble_name("ce"))
     c.calibrators = grid.CALIBRATORS
     c.seeds = tuple(range(a.seeds))
+    # Deep ensembles of 4 (uncertainty-baselines' CIFAR ensemble), one per
+    # seed; MC dropout at the WRN paper's rate (Zagoruyko & Komodakis 2016).
+    c.ensemble.size = 4
+    c.ensemble.num_groups = len(c.seeds)
+    c.mc_dropout.dropout_rate = 0.3
     # MaC-Cal Sec. 5.1: stage II is 40 epochs at lr 0.1, momentum 0.9, L2 5e-4.
     c.two_stage.optimizer.learning_rate = 0.1
     c.two_stage.optimizer.momentum = 0.9

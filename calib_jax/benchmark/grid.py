@@ -9,7 +9,24 @@ named objectives); two are training procedures:
   held-out 10%);
 - ``two_stage``: MaC-Cal stage II (masked retraining of a new bottleneck head)
   on the frozen features of the ``ce`` run of the same seed, which is its
-  stage I.
+  stage I;
+- ``mc_dropout``: the ``ce`` objective on the model with dropout
+  (``config.mc_dropout.dropout_rate``), evaluated by Monte Carlo dropout
+  (Gal & Ghahramani 2016): the exported logits of every evaluation set are the
+  log of the mean softmax probabilities of ``config.mc_dropout.num_samples``
+  dropout samples, and the mutual information of the samples is kept per row.
+
+``ensemble(<method>)`` (e.g. ``ensemble(ce)``) is a deep ensemble
+(Lakshminarayanan et al. 2017) of the seed runs of ``<method>``, with no
+training of its own: its logits are the log of the mean of its members'
+softmax probabilities. ``config.ensemble`` groups seeds into disjoint
+ensembles: ensemble ``g`` (``g = 0 .. num_groups - 1``, its ``seed`` in the
+rows, so that it pairs with seed ``g`` of every other method) averages the
+runs of ``<method>`` with seeds ``g * size .. (g + 1) * size - 1``. Runs of
+member seeds outside ``config.seeds`` are trained for the ensembles only
+(``config.ensemble.extra_runs``; they give no rows of ``<method>``, whose rows
+stay those of ``config.seeds``); with ``extra_runs=False`` every member seed
+must be one of ``config.seeds``.
 
 A *calibrator* is ``'none'`` or a name of :data:`calib_jax.posthoc.CALIBRATORS`
 (``'ts:<objective>'`` for temperature scaling by an objective). The
@@ -21,6 +38,7 @@ CIFAR) they are skipped, with a note in the report, instead of failing.
 from __future__ import annotations
 
 import copy
+import re
 
 from etils import epath
 from ml_collections import ConfigDict
@@ -28,10 +46,34 @@ from ml_collections import ConfigDict
 from calib_jax import objectives, storage
 from calib_jax.objectives import OBJECTIVES
 
-PROCEDURES = ("interleaved_sb_ece", "two_stage")
+PROCEDURES = ("interleaved_sb_ece", "two_stage", "mc_dropout")
 METHODS: tuple[str, ...] = (*OBJECTIVES, *PROCEDURES)
 # The stage-I run of the two-stage method.
 STAGE_ONE = "ce"
+_ENSEMBLE = re.compile(r"ensemble\((.+)\)")
+
+
+def ensemble_of(method: str) -> str | None:
+    """The member method of ``'ensemble(<method>)'``; None for another name."""
+    m = _ENSEMBLE.fullmatch(method)
+    return m.group(1) if m else None
+
+
+def ensemble_name(method: str) -> str:
+    """``'ensemble(<method>)'``: the deep-ensemble method of ``method``'s runs."""
+    return f"ensemble({method})"
+
+
+def member_seeds(config: ConfigDict, group: int) -> list[int]:
+    """The member seeds of ensemble ``group``: ``group * size .. (group + 1) * size - 1``."""
+    size = int(config.ensemble.size)
+    return list(range(group * size, (group + 1) * size))
+
+
+def ensemble_groups(config: ConfigDict) -> list[int]:
+    """The ensembles of every ``ensemble(...)`` method: ``0 .. num_groups - 1``."""
+    return list(range(int(config.ensemble.num_groups)))
+
 
 CALIBRATORS: tuple[str, ...] = (
     "none",
@@ -77,9 +119,12 @@ def check_grid(config: ConfigDict) -> None:
             raise ValueError(
                 f"The benchmark grid is empty: config.{field} has no entries."
             )
-    bad = [m for m in config.methods if m not in METHODS]
+    bad = [m for m in config.methods if m not in METHODS and not ensemble_of(m)]
     if bad:
-        raise _unknown("method(s)", bad, METHODS)
+        raise _unknown(
+            "method(s)", bad, (*METHODS, "ensemble(<method>) of a method of the grid")
+        )
+    _check_ensembles(config)
     from calib_jax import posthoc  # JAX: imported at use, the grid's names stay light
 
     bad = [c for c in config.calibrators if c != "none"]
@@ -101,13 +146,69 @@ def check_grid(config: ConfigDict) -> None:
         )
 
 
+def _check_ensembles(config: ConfigDict) -> None:
+    """One-line ``ValueError``s for ``ensemble(...)`` methods and ``config.ensemble``."""
+    ensembles = [m for m in config.methods if ensemble_of(m)]
+    if not ensembles:
+        return
+    singles = [m for m in config.methods if not ensemble_of(m)]
+    for name in ensembles:
+        base = ensemble_of(name)
+        if base not in singles:
+            choices = ", ".join(ensemble_name(m) for m in singles) or "none"
+            raise ValueError(
+                f"config.methods has {name}, but {base!r} is not a method of the "
+                f"grid (config.methods); valid ensembles: {choices}."
+            )
+    e = config.get("ensemble")
+    fields = ("size", "num_groups", "extra_runs")
+    if e is None or any(f not in e for f in fields):
+        raise ValueError(
+            f"config.methods has {ensembles[0]}, but config.ensemble lacks a field "
+            f"of {', '.join(fields)} (configs.common.benchmark_base sets them)."
+        )
+    for field, low in (("size", 2), ("num_groups", 1)):
+        value = e[field]
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(
+                f"config.ensemble.{field} must be an integer >= {low}, got {value!r}."
+            )
+    if type(e.extra_runs) is not bool:  # 1 and 'yes' are not flags
+        raise ValueError(
+            f"config.ensemble.extra_runs must be True or False, got {e.extra_runs!r}."
+        )
+    needed = e.size * e.num_groups
+    if not e.extra_runs and not set(range(needed)) <= set(config.seeds):
+        raise ValueError(
+            f"config.ensemble: {e.num_groups} ensemble(s) of size {e.size} need the "
+            f"runs of seeds 0..{needed - 1}, but config.seeds is "
+            f"{list(config.seeds)} and config.ensemble.extra_runs is False; valid: "
+            f"size x num_groups <= the seeds 0, 1, ... of config.seeds, or "
+            "extra_runs=True."
+        )
+
+
 def cells(config: ConfigDict) -> list[tuple[str, int]]:
-    """``(method, seed)`` training cells in run order (stage I before stage II)."""
+    """``(method, seed)`` cells in run order (stage I before stage II).
+
+    An ensemble's cells come right after its member method's cells, one per
+    ensemble (:func:`ensemble_groups`); it trains any member run that is not
+    one of them (:func:`member_seeds`) before it is evaluated.
+    """
     methods = list(config.methods)
     if "two_stage" in methods and STAGE_ONE in methods:
         methods.remove("two_stage")
         methods.insert(methods.index(STAGE_ONE) + 1, "two_stage")
-    return [(m, s) for m in methods for s in config.seeds]
+    for name in [m for m in methods if ensemble_of(m)]:
+        base = ensemble_of(name)
+        if base in methods:
+            methods.remove(name)
+            methods.insert(methods.index(base) + 1, name)
+    return [
+        (m, s)
+        for m in methods
+        for s in (ensemble_groups(config) if ensemble_of(m) else config.seeds)
+    ]
 
 
 def train_config(
@@ -137,6 +238,15 @@ def train_config(
         c.update(copy.deepcopy(config.two_stage).to_dict())
         c.two_stage.enabled = True
         c.two_stage.stage1_workdir = str(train_dir(workdir, STAGE_ONE, seed))
+    elif method == "mc_dropout":
+        m = config.mc_dropout
+        c.loss = objectives.loss_config(OBJECTIVES["ce"])
+        if "dropout_rate" in c.model:
+            c.model.dropout_rate = float(m.dropout_rate)
+        else:  # a model option (calib_jax.models.from_config)
+            c.model.kwargs.dropout_rate = float(m.dropout_rate)
+        c.mc_dropout.num_samples = int(m.num_samples)
+        c.mc_dropout.seed = int(m.seed)
     else:
         raise _unknown("method", [method], METHODS)
     if config.get("log") is not None and config.log.get("tensorboard", False):

@@ -197,6 +197,8 @@ def write_report(
             *tables.calibrator_table(rows, "ece", "all"),
             "",
         ]
+    lines += tables.calibration_tests_table(rows)
+    lines += tables.corp_table(rows)
     boot, ood = config.get("bootstrap"), t.get("ood")
     lines += tables.bootstrap_table(rows, float(boot.confidence) if boot else 0.95)
     lines += tables.ood_table(rows, ood.dataset if ood else "")

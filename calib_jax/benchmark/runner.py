@@ -4,10 +4,18 @@ A cell is one training method at one seed: the trainer's run (which resumes
 from its own checkpoints) followed by every post-hoc calibrator on its logits.
 A finished cell leaves ``cells/<method>/seed<k>/rows.jsonl`` (written to a
 temporary name and renamed, so it exists only complete); a rerun skips it.
+
+Most of a small grid's time is compiles: every cell builds its training and
+evaluation functions anew, so the in-memory jit cache never hits across cells.
+A local workdir therefore holds JAX's persistent compilation cache
+(:func:`compilation_cache`), which the seeds after the first of every method
+and every later cell's post-hoc fits hit: the same executables, loaded
+instead of compiled, so results are the same to the byte.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -29,6 +37,50 @@ TRAIN_CONFIG_FILE = "config.json"
 RESULTS_FILE = "results.jsonl"
 # Logging and the report's figures may change between runs of one benchmark.
 RESUMABLE_KEYS = ("log", "report")
+# JAX's persistent compilation cache of a local workdir.
+COMPILATION_CACHE = "compilation_cache"
+
+
+@contextlib.contextmanager
+def compilation_cache(workdir: epath.Path):
+    """JAX's persistent compilation cache in ``workdir/compilation_cache``.
+
+    Every compile of the benchmark is written there (no minimum compile time
+    or size) and read back by the cells that compile the same computation:
+    on the digits demo the seeds after the first of each method and the
+    post-hoc fits of later cells. A deserialised executable is the compiled
+    one, so results do not change (the demo's ``results.jsonl`` is the same
+    byte for byte with and without it). Left as it is when the workdir is
+    remote (a file per compile in an object store would cost more than it
+    saves), when ``JAX_COMPILATION_CACHE_DIR``/``jax_compilation_cache_dir``
+    names a cache already, or when ``JAX_ENABLE_COMPILATION_CACHE=false``.
+    The previous settings are restored on exit.
+    """
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    names = (
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
+    if (
+        storage.is_remote(workdir)
+        or jax.config.jax_compilation_cache_dir
+        or not jax.config.jax_enable_compilation_cache
+    ):
+        yield
+        return
+    before = {n: getattr(jax.config, n) for n in names}
+    cc.reset_cache()  # the cache is opened once per process: reopen it here
+    values = (str(workdir / COMPILATION_CACHE), 0.0, -1)
+    for name, value in zip(names, values, strict=True):
+        jax.config.update(name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+        cc.reset_cache()
 
 
 def check_workdir(config: ConfigDict, workdir: epath.PathLike) -> None:
@@ -57,6 +109,18 @@ def validate(config: ConfigDict, workdir: epath.Path) -> None:
     grid.check_grid(config)
     if config.num_bins < 1:
         raise ValueError(f"config.num_bins must be >= 1, got {config.num_bins}.")
+    t = config.get("calibration_tests")
+    if t is None or "num_samples" not in t:
+        raise ValueError(
+            "config.calibration_tests.num_samples is missing (resamples of the "
+            "ECE consistency test; 0 = none; configs.common.benchmark_base sets it)."
+        )
+    n = t.num_samples
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(
+            f"config.calibration_tests.num_samples must be an integer >= 0 (0: no "
+            f"consistency p-value), got {n!r}."
+        )
     b = config.bootstrap
     if b.num_samples < 0:
         raise ValueError(
@@ -69,7 +133,7 @@ def validate(config: ConfigDict, workdir: epath.Path) -> None:
         )
     # The trainer's checks of every cell's config (the two-stage method's
     # stage I, the ce run, included).
-    methods = list(config.methods)
+    methods = [m for m in config.methods if not grid.ensemble_of(m)]
     if "two_stage" in methods and grid.STAGE_ONE not in methods:
         methods.insert(0, grid.STAGE_ONE)
     for method in methods:
@@ -166,10 +230,24 @@ def run_cell(
 ) -> tuple[list[dict], list[dict]]:
     """Trains (or resumes) one cell; returns its result and reliability rows.
 
-    ``progress`` shows bars (under the cell bar) over the training steps, the
+    An ``ensemble(<method>)`` cell ``seed`` (its ensemble's number) trains
+    none of its own: it ensures the runs of its member seeds
+    (:func:`calib_jax.benchmark.grid.member_seeds`) and evaluates the mean of
+    their predictions. ``progress`` shows bars (under the cell bar) over the training steps, the
     evaluation sets and the post-hoc fits.
     """
-    train_dir = ensure_trained(config, workdir, method, seed, progress=progress)
+    ood_name = config.train.ood.dataset
+    base = grid.ensemble_of(method)
+    if base:  # a deep ensemble: its members' runs, no training of its own
+        members = [
+            ensure_trained(config, workdir, base, s, progress=progress)
+            for s in grid.member_seeds(config, seed)
+        ]
+        logits, mutual = evaluate.ensemble_logits(members, ood_name)
+    else:
+        train_dir = ensure_trained(config, workdir, method, seed, progress=progress)
+        logits = evaluate.load_logits(train_dir, ood_name)
+        mutual = evaluate.load_mutual_information(train_dir, ood_name)
     fits = progress_lib.bar(
         len(config.calibrators),
         desc=f"post-hoc {method} seed {seed}",
@@ -184,13 +262,15 @@ def run_cell(
 
     with fits:
         return evaluate.cell_results(
-            evaluate.load_logits(train_dir, config.train.ood.dataset),
+            logits,
             method=method,
             seed=seed,
             calibrators=tuple(config.calibrators),
             num_bins=int(config.num_bins),
             bootstrap_samples=int(config.bootstrap.num_samples),
             confidence=float(config.bootstrap.confidence),
+            test_samples=int(config.calibration_tests.num_samples),
+            mutual_information=mutual,
             progress=fitted,
         )
 
@@ -213,7 +293,7 @@ def run(config: ConfigDict, workdir: str | epath.PathLike) -> epath.Path:
     """
     workdir = storage.as_path(workdir, what="--workdir")
     validate(config, workdir)
-    with workdir_lib.lock(workdir):
+    with workdir_lib.lock(workdir), compilation_cache(workdir):
         return _run(config, workdir)
 
 

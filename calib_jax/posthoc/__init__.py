@@ -1,7 +1,8 @@
 """Post-hoc calibrators as pure functions: temperature scaling (NLL, SB-ECE,
 HB-ECE search, ECE grid), ETS, PTS, CTS, vector/matrix scaling, Dirichlet
 calibration with ODIR, class-wise loss scaling, histogram binning, isotonic
-regression, and (K = 2) Platt and Beta calibration.
+regression, (K = 2) Platt and Beta calibration, and per-label temperature
+scaling of multi-label sigmoid logits (:func:`fit_multilabel_temperature`).
 
 Every fitter takes validation logits ``[N, K]``, labels ``[N]`` and an
 optional ``where`` mask and returns parameters; the matching ``apply_*``
@@ -33,6 +34,11 @@ from calib_jax.posthoc._matrix import (
     fit_matrix_scaling,
     fit_vector_scaling,
 )
+from calib_jax.posthoc._multilabel import (
+    MultilabelTemperature,
+    apply_multilabel_temperature,
+    fit_multilabel_temperature,
+)
 from calib_jax.posthoc._persist import load
 from calib_jax.posthoc._pts import apply_pts, fit_pts
 from calib_jax.posthoc._registry import (
@@ -57,6 +63,7 @@ __all__ = [
     "TEMPERATURE_RANGE",
     "Calibrator",
     "Method",
+    "MultilabelTemperature",
     "SuspiciousFitWarning",
     "apply_beta",
     "apply_cts",
@@ -65,6 +72,7 @@ __all__ = [
     "apply_histogram_binning",
     "apply_isotonic",
     "apply_matrix_scaling",
+    "apply_multilabel_temperature",
     "apply_platt",
     "apply_pts",
     "apply_temperature",
@@ -79,6 +87,7 @@ __all__ = [
     "fit_histogram_binning",
     "fit_isotonic",
     "fit_matrix_scaling",
+    "fit_multilabel_temperature",
     "fit_platt",
     "fit_pts",
     "fit_temperature",

@@ -698,3 +698,240 @@ def test_ood_score_bad_names_members_and_temperature_are_one_line():
     assert "logits contains NaN or inf in 1 row(s) (first: row 4)" in _one_line(
         err.value
     )
+
+
+# ---------------------------------------------------------------------------
+# Calibration tests and decompositions: mode, score, K, num_samples.
+# ---------------------------------------------------------------------------
+
+PROBS = np.exp(LOGITS) / np.exp(LOGITS).sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: metrics.spiegelhalter_test(PROBS, LABELS, mode="multiclass"),
+            "mode must be one of ('top_label', 'binary'), got 'multiclass'",
+        ),
+        (
+            lambda: metrics.corp_decomposition(PROBS, LABELS, mode="classwise"),
+            "mode must be one of ('top_label', 'binary'), got 'classwise'",
+        ),
+        (
+            lambda: metrics.corp_decomposition(PROBS, LABELS, score="crps"),
+            "score must be one of ('brier', 'log'), got 'crps'",
+        ),
+        (
+            lambda: metrics.spiegelhalter_test(PROBS, LABELS, mode="binary"),
+            "mode='binary' needs probs with K = 2 columns (got K = 4)",
+        ),
+        (
+            lambda: metrics.corp_decomposition(PROBS, LABELS, mode="binary"),
+            "mode='binary' needs probs with K = 2 columns (got K = 4)",
+        ),
+        (
+            lambda: metrics.ece_consistency_test(
+                PROBS, LABELS, key=jax.random.key(0), num_samples=0
+            ),
+            "num_samples must be >= 1, got 0",
+        ),
+        (
+            lambda: metrics.ece_consistency_test(
+                PROBS, LABELS, key=jax.random.key(0), num_samples=1.5
+            ),
+            "num_samples must be a Python int >= 1, got 1.5",
+        ),
+    ],
+)
+def test_calibration_tests_bad_options_are_one_line(call, message):
+    with pytest.raises(ValueError) as err:
+        call()
+    assert message in _one_line(err.value)
+
+
+# ---------------------------------------------------------------------------
+# Multi-label calibration: [N, L] sigmoid logits with [N, L] 0/1 labels.
+# ---------------------------------------------------------------------------
+
+ML_LOGITS = RNG.normal(size=(12, 3)).astype(np.float32)
+ML_LABELS = (RNG.random((12, 3)) < 0.5).astype(np.int32)
+
+
+def _ml_labels_with(value) -> np.ndarray:
+    out = ML_LABELS.astype(np.float32)
+    out[4, 2] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: metrics.multilabel_ece(ML_LOGITS, _ml_labels_with(2.0)),
+            (
+                "labels must be 0 or 1 (one binary target per row and label); "
+                "found 2.0 at row 4, label 2 (1 target(s) not 0/1)"
+            ),
+        ),
+        (
+            lambda: metrics.multilabel_ece(ML_LOGITS, _ml_labels_with(0.5)),
+            "found 0.5 at row 4, label 2",
+        ),
+        (
+            lambda: metrics.multilabel_ece(ML_LOGITS, ML_LABELS[:, 0]),
+            "labels must have the shape of logits, [N, L] = (12, 3)",
+        ),
+        (
+            lambda: metrics.multilabel_ece(ML_LOGITS, ML_LABELS[:, :2]),
+            "got shape (12, 2)",
+        ),
+        (
+            lambda: metrics.multilabel_ece(ML_LOGITS, ML_LABELS, binning="quantile"),
+            "binning must be one of ('equal_width', 'equal_mass'), got 'quantile'",
+        ),
+        (
+            lambda: metrics.multilabel_ece(ML_LOGITS, ML_LABELS, average="weighted"),
+            "average must be one of ('macro', 'micro', 'none'), got 'weighted'",
+        ),
+        (
+            lambda: metrics.multilabel_ece(ML_LOGITS, ML_LABELS, inputs="scores"),
+            "inputs must be one of ('logits', 'probs'), got 'scores'",
+        ),
+        (
+            lambda: metrics.multilabel_ece(ML_LOGITS, ML_LABELS, inputs="probs"),
+            "probs must be probabilities in [0, 1] with inputs='probs'",
+        ),
+        (
+            lambda: metrics.multilabel_ece(
+                ML_LOGITS, ML_LABELS, where=np.zeros(12, bool)
+            ),
+            "where excludes every row",
+        ),
+        (
+            lambda: metrics.MultilabelStats.from_batch(
+                ML_LOGITS, _ml_labels_with(-1.0)
+            ),
+            "found -1.0 at row 4, label 2",
+        ),
+        (
+            lambda: posthoc.fit_multilabel_temperature(ML_LOGITS, _ml_labels_with(3.0)),
+            "labels must be 0 or 1",
+        ),
+        (
+            lambda: posthoc.fit_multilabel_temperature(ML_LOGITS, ML_LABELS.T),
+            "labels must have the shape of logits, [N, L] = (12, 3)",
+        ),
+        (
+            lambda: posthoc.fit_multilabel_temperature(
+                np.where(np.arange(12)[:, None] == 5, np.nan, ML_LOGITS), ML_LABELS
+            ),
+            "logits contains NaN or inf in 1 row(s) (first: row 5)",
+        ),
+    ],
+)
+def test_multilabel_bad_input_is_one_line(call, message):
+    with pytest.raises(ValueError) as err:
+        call()
+    assert message in _one_line(err.value)
+
+
+def test_multilabel_masked_rows_are_not_checked():
+    # Rows excluded by where may hold NaN logits and any label (padding).
+    logits = ML_LOGITS.copy()
+    logits[0] = np.nan
+    labels = ML_LABELS.copy()
+    labels[0] = 9
+    where = np.arange(12) > 0
+    value = metrics.multilabel_ece(logits, labels, where=where)
+    assert value == metrics.multilabel_ece(ML_LOGITS[1:], ML_LABELS[1:])
+
+
+# ---------------------------------------------------------------------------
+# Benchmark: deep ensembles, MC dropout and the calibration tests' config.
+# ---------------------------------------------------------------------------
+
+
+def _ensemble_config(**changes):
+    from configs import benchmark_digits
+
+    config = benchmark_digits.get_config("quick")
+    config.methods = ("ce", "ensemble(ce)")
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = config
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return config
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"methods": ("focal", "ensemble(ce)")},
+            "config.methods has ensemble(ce), but 'ce' is not a method of the grid "
+            "(config.methods); valid ensembles: ensemble(focal).",
+        ),
+        (
+            {"methods": ("ce", "ensemble(nope)")},
+            "'nope' is not a method of the grid (config.methods); valid ensembles: "
+            "ensemble(ce).",
+        ),
+        (
+            {"methods": ("ce", "ensembles(ce)")},
+            "Unknown method(s) 'ensembles(ce)' in the benchmark config. Valid: ce,",
+        ),
+        (
+            {"ensemble.size": 1},
+            "config.ensemble.size must be an integer >= 2, got 1.",
+        ),
+        (
+            {"ensemble.num_groups": 0},
+            "config.ensemble.num_groups must be an integer >= 1, got 0.",
+        ),
+        (
+            {"ensemble.extra_runs": False},
+            "config.ensemble: 2 ensemble(s) of size 2 need the runs of seeds 0..3, "
+            "but config.seeds is [0, 1] and config.ensemble.extra_runs is False; "
+            "valid: size x num_groups <= the seeds 0, 1, ... of config.seeds, or "
+            "extra_runs=True.",
+        ),
+        (
+            {"methods": ("ce", "mc_dropout"), "mc_dropout.dropout_rate": 0.0},
+            "config.mc_dropout.dropout_rate must lie in (0, 1) for method mc_dropout",
+        ),
+        (
+            {"methods": ("ce", "mc_dropout"), "mc_dropout.num_samples": 0},
+            "config.mc_dropout.num_samples must be an integer >= 1 for method "
+            "mc_dropout, got 0.",
+        ),
+        (
+            {"calibration_tests.num_samples": -1},
+            "config.calibration_tests.num_samples must be an integer >= 0",
+        ),
+    ],
+)
+def test_benchmark_ensemble_and_mc_dropout_configs_are_one_line(
+    tmp_path, changes, message
+):
+    from calib_jax.benchmark import runner
+
+    with pytest.raises(ValueError) as err:
+        runner.validate(_ensemble_config(**changes), tmp_path / "w")
+    assert message in _one_line(err.value)
+    assert not (tmp_path / "w").exists()
+
+
+def test_benchmark_mc_dropout_on_a_model_without_dropout_is_one_line(tmp_path):
+    from calib_jax.benchmark import runner
+
+    config = _ensemble_config(methods=("ce", "mc_dropout"))
+    config.train.model.name = "resnet20"
+    with pytest.raises(ValueError) as err:
+        runner.validate(config, tmp_path / "w")
+    assert (
+        "Method mc_dropout needs a model with dropout, but config.train.model.name "
+        "is 'resnet20'; valid: mlp, cnn" in _one_line(err.value)
+    )

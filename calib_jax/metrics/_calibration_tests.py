@@ -83,11 +83,11 @@ class SpiegelhalterStats:
       >>> import jax.numpy as jnp
       >>> from calib_jax.metrics import SpiegelhalterStats
       >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
-      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> labels = jnp.array([1, 0, 0, 1])
       >>> a = SpiegelhalterStats.from_batch(probs[:2], labels[:2])
       >>> b = SpiegelhalterStats.from_batch(probs[2:], labels[2:])
       >>> print(f"{float(a.merge(b).compute().statistic):.4f}")
-      -0.4438
+      2.0101
     """
 
     numerator: jax.Array
@@ -140,8 +140,9 @@ def spiegelhalter_from_sums(numerator, variance) -> CalibrationTest:
     A zero variance (every forecast is 0, 1/2 or 1) gives ``Z = 0`` and
     p-value 1 when the numerator is 0 too (the data hold no evidence against
     calibration: a forecast of 0 or 1 was always right, and 1/2 carries no
-    weight), and ``Z = +-inf`` with p-value 0 otherwise (a forecast of 0 or 1
-    was wrong, which is impossible under calibration).
+    weight), and ``Z = +inf`` with p-value 0 otherwise (a forecast of 0 or 1
+    was wrong, which is impossible under calibration; each such row adds +1
+    to the numerator, so the sign is always +).
     """
     numerator = jnp.asarray(numerator, jnp.float32)
     variance = jnp.asarray(variance, jnp.float32)
@@ -196,10 +197,12 @@ def spiegelhalter_test(
         \qquad p = 2\,(1 - \Phi(|Z|)),
 
     asymptotically standard normal when :math:`o_i \sim
-    \mathrm{Bernoulli}(x_i)`. The p-value is two-sided (MAPIE's
-    ``spiegelhalter_p_value`` reports the one-sided :math:`1 - \Phi(Z)`).
-    A zero denominator (every forecast 0, 1/2 or 1) gives ``Z = 0, p = 1``
-    when the numerator is 0 and ``Z = +-inf, p = 0`` otherwise
+    \mathrm{Bernoulli}(x_i)`. ``Z > 0`` means forecasts too far from 1/2
+    (overconfident), ``Z < 0`` too close to it (underconfident). The p-value
+    is two-sided (MAPIE's ``spiegelhalter_p_value`` reports the one-sided
+    :math:`1 - \Phi(Z)`). A zero denominator (every forecast 0, 1/2 or 1)
+    gives ``Z = 0, p = 1`` when the numerator is 0 and ``Z = +inf, p = 0``
+    otherwise
     (:func:`spiegelhalter_from_sums`). The sums add across batches and
     devices: :class:`SpiegelhalterStats` is the mergeable form.
 
@@ -222,10 +225,10 @@ def spiegelhalter_test(
       >>> import jax.numpy as jnp
       >>> from calib_jax import metrics
       >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
-      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> labels = jnp.array([1, 0, 0, 1])
       >>> z, p = metrics.spiegelhalter_test(probs, labels, mode="binary")
       >>> print(f"{float(z):.4f} {float(p):.4f}")
-      -0.4438 0.6572
+      2.0101 0.0444
     """
     probs, labels, where = _validate.check_probs_labels(
         probs, labels, where, values=False
@@ -253,7 +256,7 @@ def consistency_draws(conf, valid, key, num_samples, num_bins):
     Each draw resamples the included confidences with replacement (as many
     as there are included rows) and draws every outcome as
     ``Bernoulli(confidence)``; the draws run vmapped, in blocks of a
-    ``lax.map`` of at most ``2**22`` elements.
+    ``lax.map`` of at most ``2**22`` elements when there are more.
 
     Returns:
       float ``[num_samples]``.
@@ -272,7 +275,9 @@ def consistency_draws(conf, valid, key, num_samples, num_bins):
         return _ece_of(c, outcome, valid, count, num_bins, convention)
 
     keys = jax.random.split(key, num_samples)
-    block = max(1, min(num_samples, _DRAW_ELEMENTS // max(n, 1)))
+    block = max(1, _DRAW_ELEMENTS // max(n, 1))
+    if block >= num_samples:
+        return jax.vmap(draw)(keys)
     return lax.map(draw, keys, batch_size=block)
 
 

@@ -147,10 +147,10 @@ def corp_decomposition(
       >>> import jax.numpy as jnp
       >>> from calib_jax import metrics
       >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
-      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> labels = jnp.array([1, 0, 0, 1])
       >>> d = metrics.corp_decomposition(probs, labels, mode="binary")
       >>> print(" ".join(f"{float(v):.4f}" for v in d))
-      0.1750 0.1125 0.1250 0.1875
+      0.3750 0.2083 0.0833 0.2500
     """
     _checks.check_choice("score", score, SCORES)
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)

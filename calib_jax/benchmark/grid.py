@@ -125,6 +125,8 @@ def check_grid(config: ConfigDict) -> None:
             "method(s)", bad, (*METHODS, "ensemble(<method>) of a method of the grid")
         )
     _check_ensembles(config)
+    if "mc_dropout" in config.methods:
+        _check_mc_dropout(config)
     from calib_jax import posthoc  # JAX: imported at use, the grid's names stay light
 
     bad = [c for c in config.calibrators if c != "none"]
@@ -185,6 +187,36 @@ def _check_ensembles(config: ConfigDict) -> None:
             f"{list(config.seeds)} and config.ensemble.extra_runs is False; valid: "
             f"size x num_groups <= the seeds 0, 1, ... of config.seeds, or "
             "extra_runs=True."
+        )
+
+
+def _check_mc_dropout(config: ConfigDict) -> None:
+    """One-line ``ValueError``s for ``config.mc_dropout`` of method ``mc_dropout``."""
+    m = config.get("mc_dropout")
+    if m is None or any(f not in m for f in ("dropout_rate", "num_samples", "seed")):
+        raise ValueError(
+            "config.methods has mc_dropout, but config.mc_dropout lacks a field of "
+            "dropout_rate, num_samples, seed (configs.common.benchmark_base sets "
+            "them)."
+        )
+    rate, num = m.dropout_rate, m.num_samples
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1:
+        raise ValueError(
+            f"config.mc_dropout.dropout_rate must lie in (0, 1) for method "
+            f"mc_dropout (a model without dropout has no samples), got {rate!r}."
+        )
+    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+        raise ValueError(
+            f"config.mc_dropout.num_samples must be an integer >= 1 for method "
+            f"mc_dropout, got {num!r}."
+        )
+    from calib_jax import models  # JAX: imported at use, the grid's names stay light
+
+    name = config.train.model.name
+    if name not in models.DROPOUT_MODELS:
+        raise ValueError(
+            f"Method mc_dropout needs a model with dropout, but config.train.model."
+            f"name is '{name}'; valid: {', '.join(models.DROPOUT_MODELS)}."
         )
 
 

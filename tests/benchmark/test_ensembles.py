@@ -371,3 +371,65 @@ def test_ensemble_claims_evaluate_with_their_detectable_difference():
     assert "clean: ensemble(ce) - ce -1.00" in plain["measured"]
     assert "shifted: ensemble(ce) - ce -5.00" in plain["measured"]
     assert plain["verdict"] == "holds"
+
+
+def _tiny_config():
+    c = benchmark_digits.get_config()
+    c.methods = ("ce", "mc_dropout", "ensemble(ce)")
+    c.calibrators = ("none", "ts:nll")
+    c.seeds = (0, 1)
+    c.ensemble.size, c.ensemble.num_groups = 2, 2
+    c.mc_dropout.num_samples = 4
+    c.calibration_tests.num_samples = 20
+    c.bootstrap.num_samples = 10
+    c.train.num_steps = 24
+    c.train.shifts.corruptions = "gaussian_noise"
+    c.train.shifts.severities = (2,)
+    return c
+
+
+@pytest.mark.long
+def test_tiny_grid_with_ensemble_and_mc_dropout(tmp_path):
+    from calib_jax.benchmark import runner
+
+    path = runner.run(_tiny_config(), tmp_path)
+    rows = runner.read_rows(tmp_path / "results.jsonl")
+    by = {(r["method"], r["calibrator"], r["seed"], r["shift"]): r for r in rows}
+    shifts = {"clean", "gaussian_noise/2"}
+    for method in ("ce", "mc_dropout", "ensemble(ce)"):
+        for cal in ("none", "ts:nll"):
+            for seed in (0, 1):
+                for shift in shifts:
+                    assert (method, cal, seed, shift) in by
+    # ce's rows stay those of config.seeds; seeds 2, 3 were trained as
+    # members of ensemble 1 only.
+    assert {r["seed"] for r in rows if r["method"] == "ce"} == {0, 1}
+    assert (grid.train_dir(tmp_path, "ce", 3) / "TRAINED").exists()
+    # Ensemble 1's clean accuracy is that of the float64 mean of seeds 2, 3.
+    probs, labels = 0.0, None
+    for s in (2, 3):
+        f = storage.load_npz(grid.train_dir(tmp_path, "ce", s) / "logits/test.npz")
+        probs, labels = probs + _softmax64(f["logits"]) / 2, f["labels"]
+    np.testing.assert_allclose(
+        by["ensemble(ce)", "none", 1, "clean"]["accuracy"],
+        np.mean(probs.argmax(-1) == labels),
+        rtol=1e-6,
+    )
+    # Mutual information scores OOD for ensembles and MC dropout only.
+    mi = "ood_mutual_information_auroc"
+    for (method, _, _, shift), r in by.items():
+        if shift == "clean":
+            assert (mi in r) == (method != "ce")
+            assert "ece_consistency_p" in r and "corp_log_mcb" in r
+        assert 0.0 <= r["spiegelhalter_p"] <= 1.0
+    f = storage.load_npz(grid.train_dir(tmp_path, "mc_dropout", 0) / "logits/test.npz")
+    assert f["mutual_information"].shape == f["labels"].shape
+    text = path.read_text()
+    for heading in (
+        "## Calibration tests (clean test set)",
+        "## CORP decomposition of the Brier and log scores (clean test)",
+        "## OOD detection by every score",
+    ):
+        assert heading in text
+    assert "a deep ensemble has lower ECE under shift than TS" in text
+    assert any((tmp_path / runner.COMPILATION_CACHE).iterdir())

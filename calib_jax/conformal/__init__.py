@@ -1,11 +1,14 @@
-"""Split-conformal prediction sets for classifiers: THR (LAC), APS and RAPS.
+"""Split-conformal prediction sets for classifiers: THR (LAC), APS and RAPS,
+marginal or class-conditional (Mondrian, ``mondrian=True``: one threshold
+per class).
 
 ``fit(name, logits, labels, *, alpha, key=None)`` calibrates a
 :class:`ConformalPredictor` on held-out logits; its
 ``predict_sets(logits, key=None)`` returns boolean ``[N, K]`` sets that
 contain the true label with probability at least ``1 - alpha`` (and at most
 ``1 - alpha + 1/(n + 1)`` for tie-free scores). ``coverage``, ``set_size``
-and ``size_stratified_coverage`` score the sets. The conformity scores, the
+and ``size_stratified_coverage`` score the sets, ``classwise_coverage`` and
+``coverage_gap`` (CovGap) their class-conditional coverage. The conformity scores, the
 set rules and the quantile are also pure functions on probabilities
 (``thr_score``/``thr_sets``, ``aps_score``/``aps_sets``,
 ``raps_score``/``raps_sets``, ``conformal_quantile``). See
@@ -14,11 +17,15 @@ set rules and the quantile are also pure functions on probabilities
 
 from calib_jax.conformal._metrics import (
     RAPS_STRATA,
+    classwise_coverage,
+    classwise_coverage_stats,
     coverage,
+    coverage_gap,
     set_size,
     size_stratified_coverage,
     size_stratified_violation,
 )
+from calib_jax.conformal._mondrian import ABSENT, MondrianPredictor
 from calib_jax.conformal._predictor import ConformalPredictor
 from calib_jax.conformal._registry import (
     PREDICTORS,
@@ -40,13 +47,18 @@ from calib_jax.conformal._scores import (
 )
 
 __all__ = [
+    "ABSENT",
     "PREDICTORS",
     "RAPS_STRATA",
     "ConformalPredictor",
+    "MondrianPredictor",
     "aps_score",
     "aps_sets",
+    "classwise_coverage",
+    "classwise_coverage_stats",
     "conformal_quantile",
     "coverage",
+    "coverage_gap",
     "fit",
     "fit_aps",
     "fit_raps",

@@ -1,6 +1,8 @@
 """``PREDICTORS`` registry, ``get_predictor`` and ``fit``.
 
-Names: ``'thr'`` (THR/LAC), ``'aps'`` and ``'raps'``. Each fitter takes
+Names: ``'thr'`` (THR/LAC), ``'aps'`` and ``'raps'``; each also fits the
+class-conditional (Mondrian) version, one threshold per class, with
+``mondrian=True``. Each fitter takes
 calibration logits ``[n, K]``, labels ``[n]``, the level ``alpha`` and an
 optional PRNG ``key`` (``None``: non-randomised scores) and returns a
 :class:`ConformalPredictor`.
@@ -14,7 +16,7 @@ from collections.abc import Callable
 import jax
 
 from calib_jax import _checks
-from calib_jax.conformal import _predictor, _scores
+from calib_jax.conformal import _mondrian, _predictor, _scores
 from calib_jax.conformal._predictor import ConformalPredictor
 
 
@@ -27,6 +29,30 @@ def _checked(logits, labels, alpha):
     return logits, labels
 
 
+def _check_lam(lam) -> None:
+    if not isinstance(lam, jax.core.Tracer):
+        try:
+            value = float(lam)
+        except (TypeError, ValueError):
+            raise ValueError(f"lam must be a number >= 0, got {lam!r}.") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"lam must be finite and >= 0, got {lam!r}.")
+
+
+def _dispatch(method, logits, labels, *, mondrian, absent, **kwargs):
+    """The marginal or the Mondrian fit of ``method`` on checked inputs."""
+    mondrian = _checks.check_bool("mondrian", mondrian)
+    if not mondrian:
+        if absent is not None:
+            raise ValueError(
+                f"absent={absent!r} applies to Mondrian predictors only "
+                "(mondrian=True); leave it None for a marginal predictor."
+            )
+        return _predictor.fit_predictor(method, logits, labels, **kwargs)
+    absent = "error" if absent is None else absent
+    return _mondrian.fit_mondrian(method, logits, labels, absent=absent, **kwargs)
+
+
 def fit_thr(
     logits: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
@@ -34,6 +60,8 @@ def fit_thr(
     alpha: float,
     key: jax.Array | None = None,
     allow_empty: bool = True,
+    mondrian: bool = False,
+    absent: str | None = None,
 ) -> ConformalPredictor:
     """Split-conformal THR/LAC (Sadinle et al. 2019); see :func:`fit`.
 
@@ -42,8 +70,14 @@ def fit_thr(
     """
     logits, labels = _checked(logits, labels, alpha)
     del key
-    return _predictor.fit_predictor(
-        "thr", logits, labels, alpha=alpha, allow_empty=allow_empty
+    return _dispatch(
+        "thr",
+        logits,
+        labels,
+        alpha=alpha,
+        allow_empty=allow_empty,
+        mondrian=mondrian,
+        absent=absent,
     )
 
 
@@ -54,11 +88,20 @@ def fit_aps(
     alpha: float,
     key: jax.Array | None = None,
     allow_empty: bool = True,
+    mondrian: bool = False,
+    absent: str | None = None,
 ) -> ConformalPredictor:
     """Split-conformal APS (Romano et al. 2020); see :func:`fit`."""
     logits, labels = _checked(logits, labels, alpha)
-    return _predictor.fit_predictor(
-        "aps", logits, labels, alpha=alpha, key=key, allow_empty=allow_empty
+    return _dispatch(
+        "aps",
+        logits,
+        labels,
+        alpha=alpha,
+        key=key,
+        allow_empty=allow_empty,
+        mondrian=mondrian,
+        absent=absent,
     )
 
 
@@ -71,6 +114,8 @@ def fit_raps(
     lam: float = 0.1,
     k_reg: int = 1,
     allow_empty: bool = True,
+    mondrian: bool = False,
+    absent: str | None = None,
 ) -> ConformalPredictor:
     """Split-conformal RAPS (Angelopoulos et al. 2021); see :func:`fit`.
 
@@ -79,14 +124,8 @@ def fit_raps(
     """
     logits, labels = _checked(logits, labels, alpha)
     k_reg = _scores.check_k_reg(k_reg)
-    if not isinstance(lam, jax.core.Tracer):
-        try:
-            value = float(lam)
-        except (TypeError, ValueError):
-            raise ValueError(f"lam must be a number >= 0, got {lam!r}.") from None
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"lam must be finite and >= 0, got {lam!r}.")
-    return _predictor.fit_predictor(
+    _check_lam(lam)
+    return _dispatch(
         "raps",
         logits,
         labels,
@@ -95,6 +134,8 @@ def fit_raps(
         lam=lam,
         k_reg=k_reg,
         allow_empty=allow_empty,
+        mondrian=mondrian,
+        absent=absent,
     )
 
 
@@ -151,17 +192,24 @@ def fit(
         ``None`` gives the non-randomised scores (:math:`u = 1`). Use a
         different key for ``predict_sets``.
       **kwargs: ``allow_empty`` (default True; False adds the top class to
-        empty sets, which can only raise coverage), and for RAPS ``lam``
-        (default 0.1) and ``k_reg`` (default 1).
+        empty sets, which can only raise coverage), for RAPS ``lam``
+        (default 0.1) and ``k_reg`` (default 1); ``mondrian`` (default
+        False; True: class-conditional coverage, one threshold per class,
+        see :class:`MondrianPredictor`) and, with it, ``absent``: what a
+        class with fewer than :math:`1/\alpha - 1` calibration rows gets,
+        ``'error'`` (the default), ``'marginal'`` or ``'full'``.
 
     Returns:
-      A :class:`ConformalPredictor`.
+      A :class:`ConformalPredictor` (a :class:`MondrianPredictor`, with
+      ``qhat`` of shape ``[K]``, with ``mondrian=True``).
 
     Raises:
       ValueError: unknown name or option, ``alpha`` outside (0, 1), a
         calibration set too small for ``alpha`` (:math:`n < 1/\alpha - 1`),
         NaN/inf logits, labels out of range, ``K < 2`` or mismatched
-        lengths (one-line messages).
+        lengths, and with ``mondrian=True`` and ``absent='error'`` a class
+        with too few calibration rows (naming the class and ``alpha``); all
+        one-line messages.
 
     Examples:
       >>> import jax, jax.numpy as jnp

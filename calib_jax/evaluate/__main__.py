@@ -5,6 +5,9 @@ retraining: from its newest checkpoint that restores with ``--config``, or
 from its exported logits (``--from_logits``). ``--config.x=y`` overrides
 change what is evaluated, e.g. ``--config.shifts.dataset=cifar10_corrupted
 --config.shifts.data_dir=/data/CIFAR-10-C --config.shifts.corruptions=standard15``.
+``--mc_dropout_samples=N [--mc_dropout_seed=S]`` evaluates the checkpoint by
+MC dropout (the mean of N test-time dropout samples per row; the model needs
+``config.model.dropout_rate > 0``) and adds each set's ``mutual_information``.
 Writes under ``--out`` (default ``RUN/evaluate``) and never replaces an
 earlier evaluation without ``--overwrite``. User errors (a workdir with
 neither checkpoints nor logits, a config of another model, a bad name or
@@ -42,6 +45,17 @@ _FROM_LOGITS = flags.DEFINE_bool(
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace an earlier evaluation in --out."
 )
+_MC_SAMPLES = flags.DEFINE_integer(
+    "mc_dropout_samples",
+    None,
+    "MC dropout: test-time dropout samples per row (config.mc_dropout."
+    "num_samples; default: the config's, 0 = off). Needs a model with dropout.",
+)
+_MC_SEED = flags.DEFINE_integer(
+    "mc_dropout_seed",
+    None,
+    "Seed of the MC-dropout samples (config.mc_dropout.seed; default: the config's).",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -64,6 +78,8 @@ def main(argv):
             out=_OUT.value,
             from_logits=_FROM_LOGITS.value,
             overwrite=_OVERWRITE.value,
+            mc_dropout_samples=_MC_SAMPLES.value,
+            mc_dropout_seed=_MC_SEED.value,
         )
     except ValueError as e:
         fail(str(e))

@@ -6,7 +6,10 @@ validation and test splits, every shifted test set and the OOD set of the
 config through :mod:`calib_jax.train.evaluate` (the trainer's own evaluation),
 and writes the metrics, logits and plots under ``out``. With
 ``from_logits=True`` it scores the logits the run exported instead, with no
-checkpoint and no data.
+checkpoint and no data. With MC dropout (``config.mc_dropout.num_samples > 0``
+or ``mc_dropout_samples``) a checkpoint is evaluated by the mean of its
+dropout samples, as the trainer does (:func:`calib_jax.train.evaluate.
+mc_dropout_step`), and the logits files also hold ``mutual_information``.
 """
 
 from __future__ import annotations
@@ -63,6 +66,36 @@ def check_config(config: ConfigDict, workdir: epath.Path) -> None:
             f"--config differs from the run's {path} in: {', '.join(diff)}; "
             "pass the config the run was trained with."
         )
+
+
+def _set_mc_dropout(config, samples, seed, from_logits: bool) -> None:
+    """Writes ``--mc_dropout_samples``/``--mc_dropout_seed`` into ``config``.
+
+    Raises:
+      ValueError: a negative or non-int count or seed, or samples with
+        ``--from_logits`` (exported logits cannot be resampled).
+    """
+    if samples is None and seed is None:
+        return
+    if config.get("mc_dropout") is None:
+        raise ValueError(
+            "--mc_dropout_samples/--mc_dropout_seed: --config has no mc_dropout "
+            "field; build it on calib_jax.configs.common.base()."
+        )
+    for flag, value in (("--mc_dropout_samples", samples), ("--mc_dropout_seed", seed)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise ValueError(f"{flag} must be an int >= 0, got {value!r}.")
+    if samples and from_logits:
+        raise ValueError(
+            f"--mc_dropout_samples={samples} needs the checkpoint: "
+            "--from_logits scores the logits the run exported (drop one)."
+        )
+    if samples is not None:
+        config.mc_dropout.num_samples = samples
+    if seed is not None:
+        config.mc_dropout.seed = seed
 
 
 def _has_logits(workdir: epath.Path) -> bool:
@@ -130,7 +163,8 @@ def _last_step(workdir: epath.Path) -> int | None:
 
 
 def _from_checkpoint(config: ConfigDict, workdir: epath.Path, progress: bool):
-    """``(results, logits, step)`` of the newest checkpoint that restores."""
+    """``(results, logits, extras, step)`` of the newest checkpoint that restores
+    (``extras``: MC dropout's per-row fields of each set, else empty)."""
     dataset = data_lib.get_dataset(
         config.dataset.name, data_dir=config.dataset.data_dir or None
     )
@@ -146,10 +180,16 @@ def _from_checkpoint(config: ConfigDict, workdir: epath.Path, progress: bool):
         stage, model = two_stage.build_stage_two(config, dataset), None
     else:
         stage, model = None, sharded_step.make_model(config, dataset.num_classes)
+    mc_dropout = eval_lib.check_mc_dropout(config, model, dataset) > 0
     # Only the eval step and the state's structure are used; neither depends
     # on the schedule's length.
     steps = sharded_step.build_sharded_step(
         config, dataset, mesh, max(int(config.num_steps), 1), model=model, stage=stage
+    )
+    eval_step = (
+        eval_lib.mc_dropout_step(config, model, dataset, steps)
+        if mc_dropout
+        else steps.eval
     )
     state, step = checkpoint.restore_read_only(workdir, steps.abstract_state)
     decoded = cache_lib.SplitCache(
@@ -164,11 +204,12 @@ def _from_checkpoint(config: ConfigDict, workdir: epath.Path, progress: bool):
     sets = eval_lib.eval_sets(config, dataset, shifts, ood)
     total = sum(len(s.source) for s in sets)
     show = progress and jax.process_index() == 0
+    extras: dict = {}
     with Progress(total, enabled=show) as bar:
         results, logits = eval_lib.evaluate(
-            config, sets, steps.eval, state, put, decoded, progress=bar
+            config, sets, eval_step, state, put, decoded, progress=bar, extras=extras
         )
-    return results, logits, step
+    return results, logits, extras, step
 
 
 def _plots(out: epath.Path, logits: dict, results: dict) -> None:
@@ -213,7 +254,9 @@ def _write_events(tb, results: dict, logits: dict, step: int | None) -> None:
                 tb.reliability(f"{key}/reliability", step, z, y, title=key)
 
 
-def _write(out, workdir, results, logits, step, *, source, ood_name, overwrite, tb):
+def _write(
+    out, workdir, results, logits, extras, step, *, source, ood_name, overwrite, tb
+):
     if overwrite:
         for name in OUTPUTS:
             path = out / name
@@ -233,7 +276,7 @@ def _write(out, workdir, results, logits, step, *, source, ood_name, overwrite, 
     }
     storage.write_text(out / METRICS_JSON, json.dumps(summary, indent=2) + "\n")
     if source == "checkpoint":
-        eval_lib.export_logits(out / LOGITS_DIR, logits, ood_name)
+        eval_lib.export_logits(out / LOGITS_DIR, logits, ood_name, extras=extras)
     _plots(out, logits, results)
     _write_events(tb, results, logits, step)
 
@@ -246,6 +289,8 @@ def run(
     from_logits: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    mc_dropout_samples: int | None = None,
+    mc_dropout_seed: int | None = None,
 ) -> tuple[dict[str, float], epath.Path]:
     """Evaluates the run in ``workdir`` as ``config`` says, without retraining.
 
@@ -259,11 +304,21 @@ def run(
         have been exported.
       overwrite: replace an earlier evaluation in ``out``.
       progress: show progress over the evaluated images.
+      mc_dropout_samples: MC dropout (Gal and Ghahramani 2016): this many
+        test-time dropout samples per row (``config.mc_dropout.num_samples``;
+        None keeps the config's, 0 turns it off). The metrics and logits are
+        of the mean of the samples' probabilities, and each logits file also
+        holds the per-row ``mutual_information``; the model must have
+        dropout (``config.model.dropout_rate > 0``). Needs a checkpoint.
+      mc_dropout_seed: the samples' seed (``config.mc_dropout.seed``; None
+        keeps the config's).
 
     Returns:
       ``(metrics, out)``: the metrics under the trainer's keys (``val/...``,
       ``test/...``, ``shift/<corruption>/<severity>/...``,
-      ``shift/mean/...``, ``ood/...``) and the output directory, which holds
+      ``shift/mean/...``, ``ood/...``; with MC dropout also
+      ``<set>/mutual_information``, the mean over the set's rows) and the
+      output directory, which holds
       ``metrics.jsonl`` (one row in the trainer's format), ``metrics.json``,
       ``logits/`` (the trainer's file names; not with ``from_logits``),
       ``plots/`` and, with ``config.log.tensorboard``, ``tensorboard/`` (every
@@ -272,9 +327,11 @@ def run(
 
     Raises:
       ValueError: a workdir with neither checkpoints nor logits, a config of
-        another model, an existing evaluation without ``overwrite``, or any
-        bad name or missing data of the config (one line).
+        another model, an existing evaluation without ``overwrite``, MC
+        dropout samples with ``from_logits`` or of a model without dropout,
+        or any bad name or missing data of the config (one line).
     """
+    _set_mc_dropout(config, mc_dropout_samples, mc_dropout_seed, from_logits)
     workdir = storage.as_path(workdir, what="--workdir")
     storage.check_reachable(workdir, what="--workdir")
     if not workdir.is_dir():
@@ -305,15 +362,19 @@ def run(
     if from_logits:
         keys = _exported_keys(config, workdir / "logits")
         logits = eval_lib.read_logits(workdir / "logits", keys, ood_name)
-        results, step = eval_lib.score(logits), _last_step(workdir)
+        # A run with MC dropout exported each set's mutual information too.
+        extras = eval_lib.read_extras(workdir / "logits", keys, ood_name)
+        results = dict(eval_lib.score(logits), **eval_lib.mc_metrics(extras))
+        step = _last_step(workdir)
     else:
-        results, logits, step = _from_checkpoint(config, workdir, progress)
+        results, logits, extras, step = _from_checkpoint(config, workdir, progress)
     if jax.process_index() == 0:
         _write(
             out,
             workdir,
             results,
             logits,
+            extras,
             step,
             source="logits" if from_logits else "checkpoint",
             ood_name=ood_name,

@@ -15,13 +15,19 @@ runs on a restored checkpoint or on exported logits:
 - :func:`export_logits` and :func:`read_logits` write and read
   ``<dir>/<set>.npz``;
 - :func:`evaluator` puts these together into the trainer's
-  ``evaluate(state, export=..., progress=...)``.
+  ``evaluate(state, export=..., progress=...)``;
+- with ``config.mc_dropout.num_samples > 0``, :func:`mc_dropout_step` is the
+  eval step: the logits of every set are MC dropout's (the log of the mean of
+  the samples' probabilities) and each set also gets the per-row
+  ``mutual_information`` (exported beside the logits, its mean in the
+  metrics).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 
 import jax
@@ -32,11 +38,13 @@ from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
 
 from calib_jax import data as data_lib
-from calib_jax import metrics, storage
+from calib_jax import metrics, models, storage
 from calib_jax import progress as progress_lib
 from calib_jax.data import augment as augment_lib
 from calib_jax.data import corruptions, pipeline
 from calib_jax.data import prefetch as prefetch_lib
+from calib_jax.train import sharded_step
+from calib_jax.train.state import variables as state_variables
 
 SPLIT_METRICS = metrics.SPLIT_METRICS
 # ood/<name>: the test split (positive) against the OOD set by the maximum
@@ -44,6 +52,8 @@ SPLIT_METRICS = metrics.SPLIT_METRICS
 OOD_METRICS = ("auroc", "aupr_in", "aupr_out", "fpr_at_95_tpr")
 SHIFT_SEED = 10_000
 OOD_KEY = "ood"
+# The per-row field MC dropout adds to a set's outputs and its .npz file.
+MUTUAL_INFORMATION = "mutual_information"
 
 
 def collect_logits(
@@ -52,11 +62,16 @@ def collect_logits(
     batches: Iterable[dict[str, np.ndarray]],
     put: Callable[[dict], dict] | None,
     transform: Callable[[jax.Array, int], jax.Array] | None = None,
+    *,
+    extra: dict[str, np.ndarray] | None = None,
+    mc_tag: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Runs ``eval_step`` over every batch and returns the unpadded logits and labels.
 
     Args:
-      eval_step: jitted ``(state, images) -> logits`` over the data mesh.
+      eval_step: jitted ``(state, images) -> logits`` over the data mesh;
+        with ``mc_tag``, :func:`mc_dropout_step`'s ``(state, images, tag,
+        first_row) -> {'logits', 'mutual_information'}``.
       state: the train state.
       batches: padded batches with ``image``, ``label``, ``mask``: this
         process's slices (assembled by ``put``) or global arrays.
@@ -64,23 +79,34 @@ def collect_logits(
         ``batches`` are global arrays already.
       transform: optional ``(images, batch_index) -> images`` on device (a
         corruption for shifted evaluation).
+      extra: with ``mc_tag``, a dict that receives the per-row fields other
+        than ``logits`` of the whole split (``mutual_information [N]``).
+      mc_tag: the set's tag for :func:`mc_dropout_step` (:func:`mc_set_tag`);
+        None for a plain eval step.
 
     Returns:
       ``(logits float32 [N, K], labels int32 [N])`` of the whole split, on
       every process (gathered once per batch, padding removed).
     """
-    all_logits, all_labels = [], []
+    all_logits, all_labels, fields = [], [], {}
     for i, local in enumerate(batches):
         batch = put(local) if put is not None else local
         images = batch["image"] if transform is None else transform(batch["image"], i)
-        logits = eval_step(state, images)
+        if mc_tag is None:
+            out = {"logits": eval_step(state, images)}
+        else:  # rows are numbered through the set: batch i starts at i * B
+            first_row = np.int32(i * images.shape[0])
+            out = eval_step(state, images, np.int32(mc_tag), first_row)
         gathered = multihost_utils.process_allgather(
-            {"logits": logits, "label": batch["label"], "mask": batch["mask"]},
-            tiled=True,
+            dict(out, label=batch["label"], mask=batch["mask"]), tiled=True
         )
         keep = np.asarray(gathered["mask"], bool)
         all_logits.append(np.asarray(gathered["logits"])[keep])
         all_labels.append(np.asarray(gathered["label"])[keep])
+        for name in out.keys() - {"logits"}:
+            fields.setdefault(name, []).append(np.asarray(gathered[name])[keep])
+    if extra is not None:
+        extra.update({name: np.concatenate(v) for name, v in fields.items()})
     return np.concatenate(all_logits), np.concatenate(all_labels).astype(np.int32)
 
 
@@ -291,26 +317,41 @@ def collect(
     batches: Callable[[object], Iterator],
     batch_size: int,
     progress: Callable[[str, int], None] | None = None,
+    mc_dropout: bool = False,
+    extras: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{key: (logits, labels)}`` of every set, in order.
 
     Args:
       sets: from :func:`eval_sets`.
-      eval_step: the jitted ``(state, images) -> logits``.
+      eval_step: the jitted ``(state, images) -> logits``, or with
+        ``mc_dropout`` the step of :func:`mc_dropout_step`.
       state: the train state.
       batches: ``source -> context manager`` yielding placed global batches.
       batch_size: the global eval batch size (for ``progress``).
       progress: optional ``(key, images) -> None`` called after each batch.
+      mc_dropout: whether ``eval_step`` is :func:`mc_dropout_step`'s.
+      extras: optional dict that receives ``{key: {'mutual_information':
+        [N]}}`` of every set (MC dropout; nothing otherwise).
     """
     out = {}
     for s in sets:
         n = len(s.source)
+        extra: dict[str, np.ndarray] = {}
         with batches(s.source) as placed:
             if progress is not None:
                 placed = _counted(placed, s.key, n, batch_size, progress)
             out[s.key] = collect_logits(
-                eval_step, state, placed, None, transform=s.transform
+                eval_step,
+                state,
+                placed,
+                None,
+                transform=s.transform,
+                extra=extra,
+                mc_tag=mc_set_tag(s.key) if mc_dropout else None,
             )
+        if extras is not None and extra:
+            extras[s.key] = extra
     return out
 
 
@@ -356,21 +397,26 @@ def evaluate(
     decoded,
     *,
     progress: Callable[[str, int], None] | None = None,
+    extras: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> tuple[dict[str, float], dict[str, tuple[np.ndarray, np.ndarray]]]:
     """Metrics and logits of ``state`` on every set of ``sets``.
 
     Args:
-      config: the run's config (``eval_batch_size``, ``input.prefetch``).
+      config: the run's config (``eval_batch_size``, ``input.prefetch``,
+        ``mc_dropout``).
       sets: from :func:`eval_sets`.
-      eval_step: the jitted ``(state, images) -> logits`` over the data mesh.
+      eval_step: the jitted ``(state, images) -> logits`` over the data mesh;
+        with ``config.mc_dropout.num_samples > 0``, :func:`mc_dropout_step`.
       state: the train state.
       put: places a process-local batch on the mesh.
       decoded: a :class:`calib_jax.data.cache.SplitCache` (each split decoded
         once).
       progress: as in :func:`collect`.
+      extras: as in :func:`collect` (MC dropout's per-row fields).
 
     Returns:
-      ``(score(logits), logits)``.
+      ``(score(logits), logits)``; with MC dropout the metrics also hold
+      :func:`mc_metrics` (``<set>/mutual_information``).
     """
     kw = {
         "batch_size": config.eval_batch_size,
@@ -384,6 +430,7 @@ def evaluate(
         local = pipeline.eval_batches(decoded.get(source), **kw)
         return prefetch_lib.Prefetcher(map(put, local), config.input.prefetch)
 
+    found: dict[str, dict[str, np.ndarray]] = {}
     logits = collect(
         sets,
         eval_step,
@@ -391,8 +438,12 @@ def evaluate(
         batches=batches,
         batch_size=config.eval_batch_size,
         progress=progress,
+        mc_dropout=mc_dropout_samples(config) > 0,
+        extras=found,
     )
-    return score(logits), logits
+    if extras is not None:
+        extras.update(found)
+    return dict(score(logits), **mc_metrics(found)), logits
 
 
 def evaluator(
@@ -408,7 +459,8 @@ def evaluator(
     """The trainer's ``evaluate(state, *, export, progress=None) -> metrics``.
 
     Args:
-      config, sets, eval_step, put, decoded: as in :func:`evaluate`.
+      config, sets, eval_step, put, decoded: as in :func:`evaluate` (with
+        MC dropout, ``eval_step`` is :func:`mc_dropout_step`'s).
       logits_dir: where ``export=True`` writes the logits of every set
         (:func:`export_logits`; process 0 only).
       ood_name: the OOD set's name (its file under ``logits_dir/ood/``).
@@ -423,15 +475,153 @@ def evaluator(
         show = progress is not None and jax.process_index() == 0
         total = sum(len(s.source) for s in sets)
         level = progress or 0
+        extras: dict[str, dict[str, np.ndarray]] = {}
         with progress_lib.Progress(total, enabled=show, level=level) as bar:
             results, logits = evaluate(
-                config, sets, eval_step, state, put, decoded, progress=bar
+                config,
+                sets,
+                eval_step,
+                state,
+                put,
+                decoded,
+                progress=bar,
+                extras=extras,
             )
         if export and jax.process_index() == 0:
-            export_logits(logits_dir, logits, ood_name)
+            export_logits(logits_dir, logits, ood_name, extras=extras)
         return results
 
     return run
+
+
+# ---- MC dropout ----------------------------------------------------------------------
+
+
+def mc_dropout_samples(config: ConfigDict) -> int:
+    """``config.mc_dropout.num_samples`` (0 = off; 0 for a config without it).
+
+    Raises:
+      ValueError: not an int >= 0, or a ``config.mc_dropout.seed`` that is
+        not an int (one line).
+    """
+    mc = config.get("mc_dropout")
+    if mc is None:
+        return 0
+    num = mc.get("num_samples", 0)
+    if isinstance(num, bool) or not isinstance(num, int) or num < 0:
+        raise ValueError(
+            f"config.mc_dropout.num_samples must be an int >= 0 (0 = no MC "
+            f"dropout), got {num!r}."
+        )
+    seed = mc.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        # A config error: a ValueError like every other (one line, exit 2).
+        raise ValueError(  # noqa: TRY004
+            f"config.mc_dropout.seed must be an int, got {seed!r}."
+        )
+    return num
+
+
+def check_mc_dropout(config: ConfigDict, model, info) -> int:
+    """Checks ``config.mc_dropout`` against the model; returns the samples S.
+
+    Args:
+      config: the run's config.
+      model: the flax model of ``config.model`` (None under MaC-Cal stage II).
+      info: the dataset's metadata (``image_shape``).
+
+    Returns:
+      ``config.mc_dropout.num_samples`` (0 = off).
+
+    Raises:
+      ValueError: as :func:`mc_dropout_samples`; samples with MaC-Cal stage II,
+        or with a model that has no dropout layer (one line naming
+        ``config.mc_dropout.num_samples``, the model and its dropout rate).
+    """
+    num = mc_dropout_samples(config)
+    if num == 0:
+        return 0
+    if model is None or config.two_stage.enabled:
+        raise ValueError(
+            f"config.mc_dropout.num_samples={num} is not supported with "
+            "config.two_stage.enabled (MaC-Cal stage II); set it to 0."
+        )
+    sample = jax.ShapeDtypeStruct((1, *info.image_shape), jnp.float32)
+    if models.count_dropout_layers(model, sample) == 0:
+        rate = config.model.get("dropout_rate", 0.0)
+        raise ValueError(
+            f"config.mc_dropout.num_samples={num} needs a model with dropout, but "
+            f"model '{config.model.name}' has none (config.model.dropout_rate="
+            f"{rate}); set config.model.dropout_rate > 0 (models with dropout: "
+            f"{', '.join(models.DROPOUT_MODELS)}) or config.mc_dropout.num_samples=0."
+        )
+    return num
+
+
+def mc_set_tag(key: str) -> int:
+    """The set's fold-in tag for MC dropout: CRC-32 of ``key`` in 31 bits.
+
+    A fixed function of the set's name, so a set gets the same dropout
+    samples in every evaluation (trainer or ``python -m calib_jax.evaluate``)
+    whatever other sets are evaluated beside it.
+    """
+    return zlib.crc32(key.encode()) & 0x7FFFFFFF
+
+
+def mc_dropout_step(config: ConfigDict, model, info, steps) -> Callable:
+    """The jitted MC-dropout eval step of ``config.mc_dropout``.
+
+    ``step(state, images, tag, first_row) -> {'logits': float32 [B, K],
+    'mutual_information': float32 [B]}``: :func:`calib_jax.models.
+    mc_dropout_predict` with ``num_samples`` samples of the preprocessed
+    images (BatchNorm on its running averages, every dropout layer sampled)
+    and the key ``fold_in(key(config.mc_dropout.seed), tag)``; ``tag`` is
+    :func:`mc_set_tag` of the set and ``first_row`` the batch's first row in
+    the set. Row ``r`` of a set thus gets the same dropout masks whatever the
+    eval batch size, padding or sharding (they depend on the seed, the set's
+    name and ``r`` only; the logits up to the float rounding of another batch
+    shape).
+
+    Args:
+      config: the run's config (checked with :func:`check_mc_dropout`).
+      model: the flax model.
+      info: the dataset's metadata (``mean``, ``std``).
+      steps: the run's :class:`calib_jax.train.sharded_step.ShardedStep`
+        (its state and batch shardings).
+    """
+    num = check_mc_dropout(config, model, info)
+    seed = int(config.mc_dropout.seed)
+
+    def step(state, images, tag, first_row):
+        key = jax.random.fold_in(jax.random.key(seed), tag)
+        out = models.mc_dropout_predict(
+            model,
+            state_variables(state),
+            sharded_step.preprocess(info, images),
+            key=key,
+            num_samples=num,
+            first_row=first_row,
+        )
+        return {"logits": out.logits, MUTUAL_INFORMATION: out.mutual_information}
+
+    rows, repl = steps.batch_sharding, steps.replicated
+    return jax.jit(
+        step,
+        in_shardings=(steps.state_sharding, rows, repl, repl),
+        out_shardings=rows,
+    )
+
+
+def mc_metrics(extras: dict[str, dict[str, np.ndarray]]) -> dict[str, float]:
+    """``<set>/mutual_information``: the mean MC-dropout mutual information
+    of each set's rows (float64 mean), for the sets of ``extras`` that have it."""
+    return {
+        f"{key}/{MUTUAL_INFORMATION}": float(
+            np.mean(v[MUTUAL_INFORMATION], dtype=np.float64)
+        )
+        for key, v in extras.items()
+        if MUTUAL_INFORMATION in v
+    }
 
 
 # ---- files -------------------------------------------------------------------------
@@ -453,10 +643,14 @@ def export_logits(
     directory: epath.PathLike,
     logits: dict[str, tuple[np.ndarray, np.ndarray]],
     ood_name: str = "",
+    *,
+    extras: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> None:
     """Writes ``logits [N, K]`` and ``labels [N]`` of every set (``.npz``).
 
-    The OOD set's labels are ``-1`` (it has no class of the model).
+    The OOD set's labels are ``-1`` (it has no class of the model). ``extras``
+    (``{key: {field: [N]}}``; MC dropout's ``mutual_information``) become
+    further fields of their set's file.
     """
     directory = storage.as_path(directory)
     storage.make_dirs(directory)
@@ -464,7 +658,8 @@ def export_logits(
         path = directory / logits_file(key, ood_name)
         if key == OOD_KEY:
             storage.make_dirs(path.parent)
-        storage.save_npz(path, logits=z, labels=y)
+        fields = (extras or {}).get(key, {})
+        storage.save_npz(path, logits=z, labels=y, **fields)
 
 
 def read_logits(
@@ -486,6 +681,29 @@ def read_logits(
             np.asarray(f["logits"], np.float32),
             np.asarray(f["labels"]).astype(np.int32),
         )
+    return out
+
+
+def read_extras(
+    directory: epath.PathLike, keys: list[str], ood_name: str = ""
+) -> dict[str, dict[str, np.ndarray]]:
+    """``{key: {'mutual_information': float32 [N]}}`` of the sets of ``keys``
+    whose file holds that field (a run with MC dropout); others are left out.
+
+    Raises:
+      ValueError: a file is missing (named).
+    """
+    directory = storage.as_path(directory)
+    out = {}
+    for key in keys:
+        path = directory / logits_file(key, ood_name)
+        if not path.exists():
+            raise ValueError(f"{path} is missing: the run exported no logits of {key}.")
+        f = storage.load_npz(path)
+        if MUTUAL_INFORMATION in f:
+            out[key] = {
+                MUTUAL_INFORMATION: np.asarray(f[MUTUAL_INFORMATION], np.float32)
+            }
     return out
 
 

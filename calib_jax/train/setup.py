@@ -109,6 +109,8 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
         model = sharded_step.make_model(config, dataset.num_classes)
     shifts = eval_lib.resolve_shifts(config, dataset)
     ood = eval_lib.resolve_ood(config, dataset)
+    # MC dropout needs a model with dropout (checked before any compute).
+    mc_dropout = eval_lib.check_mc_dropout(config, model, dataset) > 0
     # Refuses a workdir of another run now; config.json is written only once
     # every check below has passed too, so a rejected config leaves no trace.
     check_workdir(config, workdir, write=False)
@@ -164,10 +166,17 @@ def build(config: ConfigDict, workdir: str | epath.PathLike) -> Run:
 
     sets = eval_lib.eval_sets(config, dataset, shifts, ood)
     check_workdir(config, workdir)
+    # With MC dropout every evaluation (and the exported logits) is of the
+    # mean of config.mc_dropout.num_samples dropout samples.
+    eval_step = (
+        eval_lib.mc_dropout_step(config, model, dataset, steps)
+        if mc_dropout
+        else steps.eval
+    )
     evaluate = eval_lib.evaluator(
         config,
         sets,
-        steps.eval,
+        eval_step,
         put,
         splits,
         logits_dir=workdir / "logits",

@@ -10,6 +10,7 @@ the event "the label is 1" (``mode='binary'``).
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -365,7 +366,7 @@ def ece_consistency_test(
       0.150 True
     """
     m = _checks.check_num_bins(num_bins)
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int):
+    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral):
         raise ValueError(  # noqa: TRY004 (every bad count is a ValueError)
             f"num_samples must be a Python int >= 1, got {num_samples!r}."
         )

@@ -291,3 +291,19 @@ def test_consistency_options_are_checked(kwargs, message):
     kwargs = {"key": jax.random.key(0), **kwargs}
     with pytest.raises(ValueError, match=message):
         metrics.ece_consistency_test(probs, labels, **kwargs)
+
+
+def test_bad_values_are_rejected_eagerly():
+    probs, labels = softmax_case(n=16, k=3, seed=0)
+    probs[5, 1] = np.nan
+    with pytest.raises(ValueError, match=r"NaN or inf in 1 row\(s\)"):
+        metrics.spiegelhalter_test(probs, labels)
+    with pytest.raises(ValueError, match=r"NaN or inf in 1 row\(s\)"):
+        metrics.ece_consistency_test(probs, labels, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="where excludes every row"):
+        metrics.spiegelhalter_test(probs, labels, where=np.zeros(16, bool))
+    # A NumPy integer count is a count.
+    ok = metrics.ece_consistency_test(
+        probs[:4], labels[:4], key=jax.random.key(0), num_samples=np.int64(9)
+    )
+    assert float(ok.p_value) * 10 == pytest.approx(round(float(ok.p_value) * 10))

@@ -163,3 +163,10 @@ def test_options_and_traced_inputs_are_one_line_errors():
         metrics.corp_decomposition(probs, labels, mode="binary")
     with pytest.raises(ValueError, match="runs on the host"):
         jax.jit(metrics.corp_decomposition)(probs, labels)
+
+
+def test_bad_values_are_rejected_eagerly():
+    probs, labels = softmax_case(n=16, k=3, seed=0)
+    probs[2, 0] = np.inf
+    with pytest.raises(ValueError, match=r"NaN or inf in 1 row\(s\)"):
+        metrics.corp_decomposition(probs, labels)

@@ -14,6 +14,12 @@ Per-row OOD scores from logits (``max_softmax_score``, ``max_logit_score``,
 logits; by name: :func:`ood_score` over :data:`OOD_SCORES`) return float32
 ``[N]`` scores, higher = more in-distribution, for ``ood_auroc`` and kin.
 
+Calibration tests return a :class:`CalibrationTest` ``(statistic, p_value)``
+(:func:`spiegelhalter_test`, mergeable as :class:`SpiegelhalterStats`;
+:func:`ece_consistency_test`); :func:`corp_decomposition` returns a
+:class:`Decomposition` ``(score, miscalibration, discrimination,
+uncertainty)`` and runs on the host (its isotonic fit has no static shape).
+
 :func:`bootstrap` gives percentile confidence intervals of any of them.
 Equal-width binned metrics come from mergeable :class:`BinnedStats`;
 binning conventions and library presets are in :data:`PRESETS` (see

@@ -40,7 +40,13 @@ import jax.numpy as jnp
 from flax import struct
 
 from calib_jax import _checks, kernels
-from calib_jax.metrics import _adaptive, _common, _conventions, _kernels
+from calib_jax.metrics import (
+    _adaptive,
+    _common,
+    _conventions,
+    _kernels,
+    _order_statistics,
+)
 from calib_jax.metrics._conventions import Convention
 
 INPUTS = ("logits", "probs")
@@ -129,11 +135,8 @@ def value_summary(x, labels, where, inputs: str):
     )
 
 
-def raise_for_summary(
-    summary, *, name: str, inputs: str, purpose: str = "a metric"
-) -> None:
-    """Raises the one-line ValueError a :func:`value_summary` calls for
-    (``purpose`` names what needs a row: ``'a metric'``, ``'fitting'``)."""
+def raise_for_summary(summary, *, name: str, inputs: str) -> None:
+    """Raises the one-line ValueError a :func:`value_summary` calls for."""
     if not _checks.is_concrete(*summary):
         return
     included, bad_rows, first_row, bad_labels, row, label, value = jax.device_get(
@@ -141,7 +144,7 @@ def raise_for_summary(
     )
     if int(included) == 0:
         raise ValueError(
-            f"where excludes every row: {purpose} needs at least one sample."
+            "where excludes every row: a metric needs at least one sample."
         )
     if int(bad_rows):
         if inputs == "probs":
@@ -224,18 +227,37 @@ def width_sums(probs, outcome, valid, num_bins, convention):
     return count.reshape(shape), sum_prob.reshape(shape), sum_label.reshape(shape)
 
 
+def _rank_select_sums(conf, outcome, valid, *, num_bins):
+    """``'rank'`` equal-mass sums from the radix select's bins (no sort)."""
+    conf = conf.astype(jnp.float32) + 0.0  # the values the sort path bins
+    bins = _order_statistics.rank_bins(conf, valid, num_bins)
+    count, sum_conf, sum_label = _kernels.accumulate_top_label(
+        conf, outcome, bins, valid, num_bins
+    )
+    return count, sum_conf, sum_label, jnp.sum(valid.astype(jnp.int32))
+
+
+def _rank_sort_sums(conf, outcome, valid, *, num_bins):
+    """Plain :func:`_rank_select_sums`: sort, then cut."""
+    count, sum_conf, sum_label, n, _, _ = _adaptive.equal_mass_stats(
+        conf, outcome, valid, num_bins, "rank"
+    )
+    return count, sum_conf.astype(jnp.float32), sum_label, n
+
+
 def mass_sums(conf, outcome, valid, num_bins, rule):
     """Equal-mass ``(count, sum_prob, sum_label, n)`` of one ``[N]`` vector.
 
-    The ``'rank'`` rule from ``2**15`` rows on uses the radix select of
-    :func:`calib_jax.metrics.adaptive_ece` (kernel family
-    ``'metric_radix_select'``); otherwise one sort (``_adaptive.py``).
+    The ``'rank'`` rule from ``2**15`` rows on takes its bins from the radix
+    select of :func:`calib_jax.metrics.adaptive_ece` (kernel family
+    ``'metric_radix_select'``, plain form: a sort); otherwise one sort
+    (``_adaptive.py``).
     """
     if rule == "rank" and conf.shape[0] >= _adaptive.SELECT_MIN_ROWS:
         return kernels.select(
             "metric_radix_select",
-            functools.partial(_adaptive._rank_stats_select, num_bins=num_bins),
-            functools.partial(_adaptive._rank_stats_sort, num_bins=num_bins),
+            functools.partial(_rank_select_sums, num_bins=num_bins),
+            functools.partial(_rank_sort_sums, num_bins=num_bins),
             conf,
             outcome,
             valid,

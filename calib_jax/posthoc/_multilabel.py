@@ -31,7 +31,6 @@ import numpy as np
 from flax import struct
 
 from calib_jax import _checks, storage
-from calib_jax.metrics import _multilabel as _ml
 from calib_jax.posthoc import _calibrator, _core, _validate
 
 FORMAT = "calib_jax.posthoc.MultilabelTemperature"
@@ -39,6 +38,82 @@ FORMAT_VERSION = 1
 NAME = "ts:multilabel"
 _HEADER = "__header__"
 _AUX = ("nll", "nll_at_t1", "num_iter")
+
+
+# The checks mirror those of ``metrics.multilabel_ece`` (same messages); the
+# packages do not share private modules (tests/test_architecture.py).
+
+
+def check_inputs(logits, labels, where):
+    """Static checks of ``[N, L]`` logits, ``[N, L]`` 0/1 labels and a row mask.
+
+    Raises:
+      TypeError: non-floating logits, labels neither bool, integer nor float,
+        a non-bool mask.
+      ValueError: logits not ``[N, L]`` or empty, labels of another shape, a
+        mask of another length.
+    """
+    logits = _checks.check_floating(logits, "logits")
+    _checks.check_rank(logits, "logits", "[N, L]")
+    if 0 in logits.shape:
+        raise ValueError(
+            f"logits is empty (shape {logits.shape}): fitting needs N >= 1 rows "
+            "and L >= 1 labels."
+        )
+    labels = jnp.asarray(labels)
+    if not (
+        labels.dtype == jnp.bool_
+        or jnp.issubdtype(labels.dtype, jnp.integer)
+        or jnp.issubdtype(labels.dtype, jnp.floating)
+    ):
+        raise TypeError(
+            f"labels must be bool, integer or float 0/1 targets, got dtype "
+            f"{labels.dtype}."
+        )
+    if labels.shape != logits.shape:
+        raise ValueError(
+            f"labels must have the shape of logits, [N, L] = {logits.shape} (one "
+            f"0/1 target per row and label), got shape {labels.shape}."
+        )
+    return logits, labels, _checks.check_where(where, logits.shape[0])
+
+
+def value_summary(logits, labels, where):
+    """``(included, nonfinite rows, first, bad targets, row, label, value)``
+    of the included rows (traceable)."""
+    num_labels = logits.shape[1]
+    valid = jnp.ones(logits.shape[:1], bool) if where is None else where
+    bad_row = valid & ~jnp.all(jnp.isfinite(logits), axis=1)
+    bad = valid[:, None] & (labels != 0) & (labels != 1)
+    flat = jnp.argmax(bad.reshape(-1))
+    included, nonfinite = _checks.count_true(valid, bad_row)
+    return (
+        included,
+        nonfinite,
+        jnp.argmax(bad_row),
+        jnp.sum(bad.astype(jnp.int32)),
+        flat // num_labels,
+        flat % num_labels,
+        labels.reshape(-1)[flat],
+    )
+
+
+def raise_for_summary(summary) -> None:
+    """The one-line ValueError a :func:`value_summary` calls for, if any."""
+    included, nonfinite, first, bad, row, label, value = jax.device_get(summary)
+    if int(included) == 0:
+        raise ValueError("where excludes every row: fitting needs at least one sample.")
+    if int(nonfinite):
+        raise ValueError(
+            f"logits contains NaN or inf in {int(nonfinite)} row(s) (first: row "
+            f"{int(first)})."
+        )
+    if int(bad):
+        raise ValueError(
+            f"labels must be 0 or 1 (one binary target per row and label); found "
+            f"{value.item()!r} at row {int(row)}, label {int(label)} ({int(bad)} "
+            "target(s) not 0/1)."
+        )
 
 
 def apply_multilabel_temperature(
@@ -137,9 +212,8 @@ def _fit(logits, labels, where, tol, max_iter):
 
 @jax.jit
 def _fit_checked(logits, labels, where, tol, max_iter):
-    return _fit(logits, labels, where, tol, max_iter), _ml.value_summary(
-        logits, labels, where, "logits"
-    )
+    out = _fit(logits, labels, where, tol, max_iter)
+    return out, value_summary(logits, labels, where)
 
 
 def fit_multilabel_temperature(
@@ -206,18 +280,18 @@ def fit_multilabel_temperature(
       >>> from calib_jax import posthoc
       >>> z = jax.random.normal(jax.random.key(0), (2000, 2)) * 2.0
       >>> y = jax.random.bernoulli(jax.random.key(1), jax.nn.sigmoid(z / 2.0))
-      >>> cal = posthoc.fit_multilabel_temperature(z * jnp.array([1.0, 3.0]), y)
+      >>> cal = posthoc.fit_multilabel_temperature(z * jnp.array([[1.0, 3.0]]), y)
       >>> print([round(float(t), 1) for t in cal.temperatures])
       [1.9, 6.2]
     """
     max_iter = _checks.check_positive_int("max_iter", max_iter)
     _validate.check_nonnegative("tol", tol)
-    x, labels, where = _ml.check_multilabel(logits, labels, where, name="logits")
+    x, labels, where = check_inputs(logits, labels, where)
     if not _checks.is_concrete(x, labels, where):
         t, aux = _fit(x, labels, where, tol, max_iter)
         return MultilabelTemperature(temperatures=t, aux=aux)
     (t, aux), summary = _fit_checked(x, labels, where, tol, max_iter)
-    _ml.raise_for_summary(summary, name="logits", inputs="logits", purpose="fitting")
+    raise_for_summary(summary)
     return MultilabelTemperature(temperatures=t, aux=aux)
 
 
@@ -258,10 +332,10 @@ class MultilabelTemperature:
         """Host-side summary (JSON-serialisable), as
         :meth:`Calibrator.summary`: scalars as floats, vectors of at most 8
         entries in full, larger arrays by shape, mean, min and max."""
-        out = {"temperatures": _calibrator._describe(np.asarray(self.temperatures))}
-        for key, leaf in (self.aux or {}).items():
-            out[key] = _calibrator._describe(np.asarray(leaf))
-        return out
+        as_calibrator = _calibrator.Calibrator(
+            params={"temperatures": self.temperatures}, aux=self.aux, name=self.name
+        )
+        return as_calibrator.summary()
 
     def save(self, path, *, overwrite: bool = False) -> None:
         """Writes the calibrator to ``path`` (``.npz``, module docstring);

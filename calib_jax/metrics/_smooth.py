@@ -50,6 +50,7 @@ from calib_jax import _checks
 from calib_jax.metrics import _common, _validate
 
 TARGETS = ("top_label", "binary")
+CONVENTIONS = ("exact", "relplot")
 # Default grid: 2**13 + 1 points, spacing 2**-13 ~ 1.2e-4 (<= sigma/8 on the
 # whole bisection bracket; relplot refines its grid to <= sigma/20 only from
 # 200 points upwards, so it is coarser for sigma > 1e-3 * 20 / 8).
@@ -217,6 +218,153 @@ def _curve_core(probs, labels, where, bandwidth, target, num_points):
     }
 
 
+# ---------------------------------------------------------------------------
+# convention="relplot": relplot 1.0.3's smECE / smECE_sigma as released
+# ---------------------------------------------------------------------------
+
+# smECE's ``eps``: a bandwidth below it satisfies the search predicate
+# without an evaluation.
+_RELPLOT_EPS = 1e-3
+# search_param's ``refine``: bisection steps on [0, 1].
+_RELPLOT_STEPS = 10
+# The smallest bisection midpoint that is evaluated: 1/1024 < eps is not,
+# so every evaluated scale is a multiple of 1/1024 of at least 2/1024.
+_RELPLOT_MIN_EVAL = 2.0 / 1024
+# The scale whose grids bound those of a traced fixed bandwidth.
+_RELPLOT_MIN_TRACED = 1e-3
+
+
+def relplot_grid_sizes(sigma: float) -> tuple[int, int]:
+    """relplot's two grids at scale ``sigma``: ``(E, T)``.
+
+    ``E`` = ``max(2000, round(20/sigma)) // 2 + 1`` points for the
+    smoothing (``GaussianKernel.apply``), ``T`` = ``max(round(10/sigma),
+    200)`` evaluation points for the integral (``metrics.smooth_ece``).
+    """
+    return max(2000, round(20 / sigma)) // 2 + 1, max(round(10 / sigma), 200)
+
+
+def _traced_sizes(sigma):
+    e = jnp.maximum(2000, jnp.round(20.0 / sigma).astype(jnp.int32)) // 2 + 1
+    t = jnp.maximum(jnp.round(10.0 / sigma).astype(jnp.int32), 200)
+    return e, t
+
+
+def _relplot_smece_at(f, columns, sigma, sizes, e_max, t_max):
+    """relplot's ``smooth_ece(f, y, sigma)`` on grids of dynamic sizes.
+
+    ``columns`` ``[N, 2]`` holds the residual ``f - y`` and ones (masked
+    rows zero); ``sizes = (E, T)`` (int32, at most the static ``e_max`` and
+    ``t_max``). Steps, each as relplot 1.0.3 (``kernels.py``):
+
+    1. ``smooth_round_to_grid``: ``f (E - 1)`` in float32 (relplot
+       multiplies the float32 confidences by a Python int), its floor
+       clipped to ``[0, E - 2]`` and the fraction split linearly.
+    2. ``ReflectedGaussianKernel.convolve``: the grid values extended by
+       one mirror image at each end *without repeating the end points*
+       (``flip(v)[:-1], v, flip(v)[1:]``), correlated with the Gaussian
+       sampled at ``j/(E-1) - 1/2``, ``j < E`` (cut at distance 1/2, not
+       normalised), and the ``E`` outputs from ``E // 2`` taken (a half
+       grid step off centre when ``E`` is even). Here by one FFT of size
+       ``4 e_max``.
+    3. ``interpolate`` linearly to ``T`` points ``i/(T-1)``; the value is
+       ``sum |smoothed residual| / sum (smoothed count + 1e-4)``.
+    """
+    e, t = sizes
+    e1 = (e - 1).astype(jnp.float32)
+    u = f * e1
+    lo = jnp.clip(jnp.floor(u), 0.0, e1 - 1.0)
+    frac = u - lo
+    lo = lo.astype(jnp.int32)
+    idx = jnp.concatenate([lo, lo + 1])
+    w = jnp.concatenate([(1.0 - frac)[:, None] * columns, frac[:, None] * columns])
+    values = jax.ops.segment_sum(w, idx, num_segments=e_max)  # [e_max, 2]
+    q = jnp.arange(3 * e_max, dtype=jnp.int32)
+    src = jnp.where(
+        q < e - 1, e - 1 - q, jnp.where(q < 2 * e - 1, q - (e - 1), 3 * e - 3 - q)
+    )
+    ext = jnp.where((q < 3 * e - 2)[:, None], values[jnp.clip(src, 0, e_max - 1)], 0.0)
+    j = jnp.arange(e_max, dtype=jnp.float32)
+    sigma = jnp.asarray(sigma, jnp.float32)
+    dist = j / e1 - 0.5
+    ker = jnp.exp(-dist * dist / (2.0 * sigma * sigma)) / (
+        jnp.sqrt(2.0 * jnp.pi) * sigma
+    )
+    ker = jnp.where(j < e1 + 1.0, ker, 0.0)
+    length = 4 * e_max
+    spec = (
+        jnp.fft.rfft(ext, n=length, axis=0)
+        * jnp.conj(jnp.fft.rfft(ker, n=length))[:, None]
+    )
+    corr = jnp.fft.irfft(spec, n=length, axis=0)
+    p = jnp.arange(e_max, dtype=jnp.int32)
+    smoothed = corr[jnp.clip(e // 2 + p, 0, length - 1)]  # [e_max, 2]; p < E used
+    i = jnp.arange(t_max, dtype=jnp.float32)
+    tt = i / (t - 1).astype(jnp.float32)
+    pos = tt * e1
+    inds = jnp.clip(jnp.floor(pos), 0.0, e1 - 1.0)
+    res = (pos - inds)[:, None]
+    inds = inds.astype(jnp.int32)
+    at_t = smoothed[inds] * (1.0 - res) + smoothed[inds + 1] * res  # [t_max, 2]
+    inside = i < t.astype(jnp.float32)
+    num = jnp.sum(jnp.where(inside, jnp.abs(at_t[:, 0]), 0.0))
+    den = jnp.sum(jnp.where(inside, at_t[:, 1] + 1e-4, 0.0))
+    return num / den
+
+
+def _relplot_fixed_point(f, columns, e_max, t_max):
+    """relplot's ``search_param``: 10 bisection steps on [0, 1], keeping
+    the upper end; the predicate is ``sigma < eps or sigma < smECE_sigma``."""
+
+    def predicate(sigma):
+        evaluated = jnp.maximum(sigma, _RELPLOT_MIN_EVAL)
+        value = _relplot_smece_at(
+            f, columns, evaluated, _traced_sizes(evaluated), e_max, t_max
+        )
+        return (sigma < _RELPLOT_EPS) | (sigma < value)
+
+    def step(_, bracket):
+        start, end = bracket
+        mid = 0.5 * (start + end)
+        small = predicate(mid)
+        return jnp.where(small, start, mid), jnp.where(small, mid, end)
+
+    one = jnp.float32(1.0)
+    start, _ = lax.fori_loop(0, _RELPLOT_STEPS, step, (one, jnp.float32(0.0)))
+    return jnp.where(predicate(one), one, start)
+
+
+@functools.partial(jax.jit, static_argnums=(5, 6, 7))
+def _relplot_core(probs, labels, where, bandwidth, sizes, target, e_max, t_max):
+    f, y = _predictions(probs, labels, target)
+    valid = _common.mask_or_ones(where, f.shape[0])
+    columns = jnp.stack([f - y, jnp.ones_like(f)], axis=1)
+    columns = jnp.where(valid[:, None], columns, 0.0)
+    if bandwidth is None:
+        sigma = _relplot_fixed_point(f, columns, e_max, t_max)
+        sizes = _traced_sizes(sigma)
+    else:
+        sigma = bandwidth
+        if sizes is None:
+            sizes = _traced_sizes(jnp.maximum(sigma, _RELPLOT_MIN_TRACED))
+    return _relplot_smece_at(f, columns, sigma, sizes, e_max, t_max), sigma
+
+
+def _relplot_smooth_ece(probs, labels, where, bandwidth, bw, target):
+    if bw is None:
+        e_max, t_max = relplot_grid_sizes(_RELPLOT_MIN_EVAL)
+        sizes = None
+    elif _checks.is_concrete(bw):
+        # The grids from the value as given (a Python float), as relplot.
+        given = float(bandwidth) if np.ndim(bandwidth) == 0 else float(bw)
+        e_max, t_max = relplot_grid_sizes(given)
+        sizes = tuple(jnp.int32(v) for v in (e_max, t_max))
+    else:
+        e_max, t_max = relplot_grid_sizes(_RELPLOT_MIN_TRACED)
+        sizes = None
+    return _relplot_core(probs, labels, where, bw, sizes, target, e_max, t_max)
+
+
 def _prepare(probs, labels, where, bandwidth, target, num_points):
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)
     num_points = _check_options(target, num_points, probs.shape[1])
@@ -231,6 +379,7 @@ def smooth_ece(
     target: str = "top_label",
     num_points: int = DEFAULT_NUM_POINTS,
     where: jax.typing.ArrayLike | None = None,
+    convention: str = "exact",
 ) -> jax.Array:
     r"""Smooth ECE: ECE of the kernel-smoothed residuals, at the fixed-point scale.
 
@@ -264,13 +413,26 @@ def smooth_ece(
     Fourier space, and integrated with the trapezoid rule; :math:`\sigma^*`
     is found by 30 bisection steps on :math:`[10^{-3}, 1]` and the
     returned value is :math:`\mathrm{smECE}` at the upper end of the final
-    bracket. Differences from ``relplot.smECE`` ([2]): a fixed
-    8193-point grid (relplot: 200 points, refined 4x until at least
-    :math:`20/\sigma`), all reflected images of the Gaussian (relplot: one
-    reflection at each end and a kernel cut at distance 0.5, visible for
-    :math:`\sigma \gtrsim 0.15`), the trapezoid rule (relplot: the mean of
-    the grid values) and 30 bisection steps (relplot: 10, i.e.
-    :math:`\sigma^*` to about :math:`10^{-3}`).
+    bracket.
+
+    ``convention='relplot'`` reproduces ``relplot.smECE`` /
+    ``relplot.smECE_sigma`` 1.0.3 as released ([2]; to about 1e-7 in
+    tests): its grids (:math:`\max(2000, \mathrm{round}(20/\sigma))
+    /\!/ 2 + 1` points for the smoothing, :math:`\max(\mathrm{round}(10 /
+    \sigma), 200)` for the integral), its reflection, its kernel cut at
+    distance 0.5, its density floor ``1e-4`` and its 10-step bisection on
+    [0, 1] keeping the upper end. The dominant difference from the exact
+    value is the reflection: relplot mirrors the grid about its end points
+    *without repeating them*, so a prediction at exactly 0 or 1 keeps only
+    half of its kernel mass, and when many confidences are exactly 1.0
+    (float32 softmax of a confident classifier, mostly correct there, so
+    with residual 0) the density loses mass where the residual is small and
+    the value rises: with 31% / 50% of confidences at 1.0 (synthetic,
+    ``docs/metrics.md``) relplot gives 0.0254 / 0.0176 where the exact value
+    is 0.0185 / 0.0118. Without mass at the end points the two agree to
+    about 5e-4 (the kernel cut and single reflection, growing with
+    :math:`\sigma`). A traced ``bandwidth`` uses relplot's grids of
+    :math:`\max(\sigma, 10^{-3})`.
 
     Args:
       probs: float ``[N, K]`` rows on the probability simplex.
@@ -282,6 +444,9 @@ def smooth_ece(
       num_points: static int, grid size :math:`M` (cost O(N + M log M) per
         scale).
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      convention: ``'exact'`` (default; the kernel reflected exactly, as
+        described above) or ``'relplot'`` (relplot 1.0.3's discretisation;
+        ``num_points`` is then unused).
 
     Returns:
       float32 scalar in [0, 1].
@@ -303,8 +468,11 @@ def smooth_ece(
       >>> print(f"{float(metrics.smooth_ece(probs, labels)):.4f}")
       0.0963
     """
+    _checks.check_choice("convention", convention, CONVENTIONS)
     args = _prepare(probs, labels, where, bandwidth, target, num_points)
     probs, labels, where, bw, m = args
+    if convention == "relplot":
+        return _relplot_smooth_ece(probs, labels, where, bandwidth, bw, target)[0]
     return _smooth_ece_core(probs, labels, where, bw, target, m)[0]
 
 

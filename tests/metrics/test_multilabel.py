@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from calib_jax import kernels, metrics
 
@@ -245,3 +246,16 @@ def test_radix_select_path_matches_float64():
     # The sort path sums ~2200 float32 probabilities per bin without blocks:
     # an absolute error of ~1e-2 per bin sum, ~3e-7 after dividing by N.
     np.testing.assert_allclose(plain, expected, rtol=0, atol=2e-6)
+
+
+def test_sharded_rows_equal_one_device():
+    # Rows split over the 8 CPU devices (conftest): plain sums over the
+    # global batch, so the value is the one-device value.
+    z, y = _data(n=160, num_labels=3, seed=10)
+    mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    fn = jax.jit(functools.partial(metrics.multilabel_ece, average="none"))
+    sharded = fn(jax.device_put(z, rows), jax.device_put(y, rows))
+    np.testing.assert_allclose(
+        sharded, metrics.multilabel_ece(z, y, average="none"), **TOL
+    )

@@ -210,14 +210,6 @@ def _check_mc_dropout(config: ConfigDict) -> None:
             f"config.mc_dropout.num_samples must be an integer >= 1 for method "
             f"mc_dropout, got {num!r}."
         )
-    from calib_jax import models  # JAX: imported at use, the grid's names stay light
-
-    name = config.train.model.name
-    if name not in models.DROPOUT_MODELS:
-        raise ValueError(
-            f"Method mc_dropout needs a model with dropout, but config.train.model."
-            f"name is '{name}'; valid: {', '.join(models.DROPOUT_MODELS)}."
-        )
 
 
 def cells(config: ConfigDict) -> list[tuple[str, int]]:

@@ -22,8 +22,10 @@ import time
 import jax
 import numpy as np
 from etils import epath
+from jax.experimental.compilation_cache import compilation_cache as cc
 from ml_collections import ConfigDict
 
+from calib_jax import models
 from calib_jax import progress as progress_lib
 from calib_jax import storage, tensorboard
 from calib_jax import train as train_lib
@@ -56,8 +58,6 @@ def compilation_cache(workdir: epath.Path):
     names a cache already, or when ``JAX_ENABLE_COMPILATION_CACHE=false``.
     The previous settings are restored on exit.
     """
-    from jax.experimental.compilation_cache import compilation_cache as cc
-
     names = (
         "jax_compilation_cache_dir",
         "jax_persistent_cache_min_compile_time_secs",
@@ -107,6 +107,12 @@ def check_workdir(config: ConfigDict, workdir: epath.PathLike) -> None:
 def validate(config: ConfigDict, workdir: epath.Path) -> None:
     """Every check that can fail before compute: grid names, train configs, workdir."""
     grid.check_grid(config)
+    name = config.train.model.name
+    if "mc_dropout" in config.methods and name not in models.DROPOUT_MODELS:
+        raise ValueError(
+            f"Method mc_dropout needs a model with dropout, but config.train.model."
+            f"name is '{name}'; valid: {', '.join(models.DROPOUT_MODELS)}."
+        )
     if config.num_bins < 1:
         raise ValueError(f"config.num_bins must be >= 1, got {config.num_bins}.")
     t = config.get("calibration_tests")

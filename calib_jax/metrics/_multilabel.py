@@ -535,7 +535,7 @@ class MultilabelStats:
         """The multi-label ECE of the accumulated rows (see
         :func:`multilabel_ece`): ``'macro'``, ``'micro'`` or ``'none'``."""
         _checks.check_choice("average", average, AVERAGES)
-        out = _reduce(
+        return _compute(
             self.count,
             self.sum_prob,
             self.sum_label,
@@ -543,7 +543,6 @@ class MultilabelStats:
             average,
             self.convention,
         )
-        return out.astype(jnp.float32)
 
 
 def stats_from_batch(x, labels, where, num_bins, inputs, convention):
@@ -558,6 +557,12 @@ def stats_from_batch(x, labels, where, num_bins, inputs, convention):
         num_bins=num_bins,
         convention=convention,
     )
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _compute(count, sum_prob, sum_label, total, average, convention):
+    out = _reduce(count, sum_prob, sum_label, total, average, convention)
+    return out.astype(jnp.float32)
 
 
 _stats_from_batch = jax.jit(stats_from_batch, static_argnums=(3, 4, 5))

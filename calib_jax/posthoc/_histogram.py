@@ -12,6 +12,10 @@ from calib_jax import _checks
 from calib_jax.posthoc import _calibrator, _reduction, _validate
 
 BINNINGS = ("equal_mass", "equal_width")
+# Where an equal-mass threshold sits between two groups: at the last score
+# of the lower group ("data"), or midway to the first of the next
+# ("midpoint", uncertainty-calibration's get_equal_bins).
+THRESHOLDS = ("data", "midpoint")
 
 
 # Up to this many thresholds, bins are counted by comparisons; above, by a
@@ -140,6 +144,7 @@ def fit_histogram_binning(
     variant: str = "top_label",
     num_bins: int = 15,
     binning: str = "equal_mass",
+    thresholds: str = "data",
 ) -> dict[str, jax.Array]:
     r"""Fits histogram binning: per-class bins of a score, each replaced by its
     validation frequency.
@@ -161,7 +166,13 @@ def fit_histogram_binning(
     :math:`M` groups of :math:`\lfloor n_l / M\rfloor` or :math:`\lceil n_l /
     M\rceil` (the bins of [2]; the same groups as
     :func:`calib_jax.metrics.adaptive_ece`), found exactly by a radix select
-    without sorting; tied scores share a bin. ``'equal_width'`` uses
+    without sorting; tied scores share a bin. ``thresholds='midpoint'``
+    moves each equal-mass threshold to the midpoint between the last score
+    of its group and the first of the next, :math:`t_{l,j} = (v_{(R_j -
+    1)} + v_{(R_j)})/2` (``get_equal_bins`` of uncertainty-calibration [3];
+    rounded down to a float32, so that a float32 score is binned as by the
+    exact midpoint): the validation rows fall in the same bins, a new score
+    between the two is binned by the nearer. ``'equal_width'`` uses
     :math:`t_j = j / M`. A bin without validation rows (possible only above
     the largest score, or for equal-width bins) takes the value of the
     nearest non-empty bin below it, or above if there is none; a class with no
@@ -177,6 +188,9 @@ def fit_histogram_binning(
       variant: ``'top_label'`` (default; Gupta & Ramdas) or ``'one_vs_rest'``.
       num_bins: static number of bins :math:`M` per class (15).
       binning: ``'equal_mass'`` (default) or ``'equal_width'``.
+      thresholds: ``'data'`` (default; at an order statistic) or
+        ``'midpoint'`` (midway between consecutive order statistics);
+        ``'midpoint'`` needs ``binning='equal_mass'``.
 
     Returns:
       ``{'thresholds': float32 [K, M-1], 'values': float32 [K, M], 'fitted':
@@ -192,6 +206,9 @@ def fit_histogram_binning(
       [2] C. Gupta, A. Ramdas, "Top-label calibration and multiclass-to-binary
       reductions", ICLR 2022, arXiv:2107.08353v3, Sec. 4 (top-label histogram
       binning with equal-mass bins).
+      [3] A. Kumar, P. Liang, T. Ma, "Verified Uncertainty Calibration",
+      NeurIPS 2019, arXiv:1909.10155v5; its package uncertainty-calibration
+      0.1.4, ``calibration/utils.py``, ``get_equal_bins``.
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -202,6 +219,12 @@ def fit_histogram_binning(
     """
     _checks.check_choice("variant", variant, _reduction.VARIANTS)
     _checks.check_choice("binning", binning, BINNINGS)
+    _checks.check_choice("thresholds", thresholds, THRESHOLDS)
+    if thresholds == "midpoint" and binning != "equal_mass":
+        raise ValueError(
+            "thresholds='midpoint' places equal-mass thresholds between order "
+            f"statistics; it needs binning='equal_mass', got binning={binning!r}."
+        )
     logits, labels, where = _validate.check_inputs(logits, labels, where, values=False)
     num_bins = _checks.check_positive_int("num_bins", num_bins)
     # The value check shares the scores' read of the logits; it raises once
@@ -219,6 +242,7 @@ def fit_histogram_binning(
         num_classes=logits.shape[1],
         num_bins=num_bins,
         binning=binning,
+        midpoint=thresholds == "midpoint",
     )
     if _checks.is_concrete(logits, labels, where):
         _validate.raise_for_values(summary, logits.shape)
@@ -228,8 +252,36 @@ def fit_histogram_binning(
     return params
 
 
-@functools.partial(jax.jit, static_argnames=("num_classes", "num_bins", "binning"))
-def _fit(v, cls, labels, where, *, num_classes, num_bins, binning):
+def _with_next(ranks, sizes):
+    """Each rank followed by the next one (clipped to the group), ``[G, 2R]``:
+    the two order statistics either side of every equal-mass cut."""
+    top = jnp.maximum(sizes.astype(jnp.int32) - 1, 0)[:, None]
+    pairs = jnp.stack([ranks, jnp.minimum(ranks + 1, top)], axis=-1)
+    return pairs.reshape(ranks.shape[0], -1)
+
+
+def floor_midpoint(a, b):
+    """The largest float32 not above the exact midpoint of float32 ``a <= b``.
+
+    ``a + b`` rounded, plus its exact rounding error (Knuth's TwoSum), tell
+    whether the rounded half lies above the exact midpoint; if so, the next
+    float32 below it is taken. A float32 score ``v`` then satisfies ``v >
+    result`` exactly when ``v > (a + b) / 2`` in exact arithmetic (normal
+    floats; for ``a, b`` in [0, 1] the midpoint stays in ``[a, b]``).
+    """
+    a = a.astype(jnp.float32)
+    b = b.astype(jnp.float32)
+    s = a + b
+    bb = s - a
+    err = (a - (s - bb)) + (b - bb)
+    half = 0.5 * s
+    return jnp.where(err < 0, jnp.nextafter(half, jnp.float32(-jnp.inf)), half)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("num_classes", "num_bins", "binning", "midpoint")
+)
+def _fit(v, cls, labels, where, *, num_classes, num_bins, binning, midpoint=False):
     """Top-label (``v`` confidences ``[N]``, ``cls`` predictions ``[N]``) or
     one-vs-rest (``v`` probabilities ``[N, K]``, ``cls`` None) binning."""
     cls_given = cls is not None
@@ -257,9 +309,13 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning):
         thresholds = jnp.broadcast_to(edges[None, :], (k, num_bins - 1))
     else:
         keys, offset, key_bits = _keys(v, k, top_label=variant == "top_label")
+
         # Top-label group sizes come from the first pass over the rows;
         # one-vs-rest ones are known (every kept row, in every column).
-        ranks = functools.partial(_reduction.equal_mass_ranks, num_bins=num_bins)
+        def ranks(sizes):
+            cuts = _reduction.equal_mass_ranks(sizes, num_bins)
+            return _with_next(cuts, sizes) if midpoint else cuts
+
         bits, count_le, sizes = _reduction.grouped_order_statistics(
             keys.reshape(-1),
             group.reshape(-1),
@@ -268,6 +324,11 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning):
             key_bits=key_bits,
         )
         thresholds = _reduction.bits_float(bits + offset)
+        if midpoint:
+            # The rows up to the midpoint are those up to the lower score
+            # (none lies strictly between the two order statistics).
+            count_le = count_le[:, 0::2]
+            thresholds = floor_midpoint(thresholds[:, 0::2], thresholds[:, 1::2])
     size = k * num_bins + 1
     if variant == "top_label" and count_le is not None:
         # Equal-mass bins: the order statistics counted the rows up to each

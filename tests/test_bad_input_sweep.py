@@ -1033,3 +1033,91 @@ def test_benchmark_mc_dropout_on_a_model_without_dropout_is_one_line(tmp_path):
         "Method mc_dropout needs a model with dropout, but config.train.model.name "
         "is 'resnet20'; valid: mlp, cnn" in _one_line(err.value)
     )
+
+
+# ---------------------------------------------------------------------------
+# MC dropout in the trainer and the library: a model without dropout, bad
+# sample counts, seeds and dropout rates.
+# ---------------------------------------------------------------------------
+
+_NO_DROPOUT = (
+    "needs a model with dropout, but model '{}' has none "
+    "(config.model.dropout_rate=0.0); set config.model.dropout_rate > 0 (models "
+    "with dropout: mlp, cnn, wrn28_10, wrn26_10) or config.mc_dropout.num_samples=0."
+)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"mc_dropout.num_samples": 4},
+            "config.mc_dropout.num_samples=4 " + _NO_DROPOUT.format("mlp"),
+        ),
+        (
+            {"model.name": "cnn", "mc_dropout.num_samples": 2},
+            "config.mc_dropout.num_samples=2 " + _NO_DROPOUT.format("cnn"),
+        ),
+        (
+            {"model.dropout_rate": 0.2, "mc_dropout.num_samples": -1},
+            (
+                "config.mc_dropout.num_samples must be an int >= 0 (0 = no MC dropout), "
+                "got -1."
+            ),
+        ),
+        (
+            {
+                "model.dropout_rate": 0.2,
+                "mc_dropout.num_samples": 2,
+                "mc_dropout.seed": -3,
+            },
+            "config.mc_dropout.seed must be an int >= 0, got -3.",
+        ),
+        (
+            {"model.name": "resnet20", "model.dropout_rate": 0.2},
+            (
+                "config.model.dropout_rate=0.2: model 'resnet20' has no dropout; models "
+                "with dropout: mlp, cnn, wrn28_10, wrn26_10."
+            ),
+        ),
+        (
+            {"model.dropout_rate": 1.0},
+            "config.model.dropout_rate must be a number in [0, 1), got 1.0.",
+        ),
+    ],
+)
+def test_mc_dropout_config_errors_are_one_line_before_any_work(
+    tmp_path, overrides, message
+):
+    config = digits_ce.get_config()
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        node = config
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    with pytest.raises(ValueError) as err:
+        setup.build(config, tmp_path / "w")
+    assert message in _one_line(err.value)
+    assert not (tmp_path / "w").exists()
+
+
+def test_mc_dropout_samples_of_a_model_without_dropout_are_one_line():
+    from calib_jax import models
+
+    model = models.MLP(num_classes=4, hidden=(8,))
+    x = np.zeros((2, 4), np.float32)
+    variables = model.init(jax.random.key(0), x)
+    with pytest.raises(ValueError) as err:
+        models.mc_dropout_logits(
+            model, variables, x, key=jax.random.key(1), num_samples=3
+        )
+    assert (
+        "mc_dropout num_samples=3 needs a model with dropout, but MLP "
+        "(dropout_rate=0.0) has no dropout layer" in _one_line(err.value)
+    )
+    with pytest.raises(ValueError) as err:
+        models.mc_dropout_logits(
+            model, variables, x, key=jax.random.key(1), num_samples=-1
+        )
+    assert "num_samples must be a positive int" in _one_line(err.value)

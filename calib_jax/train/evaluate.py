@@ -502,7 +502,7 @@ def mc_dropout_samples(config: ConfigDict) -> int:
 
     Raises:
       ValueError: not an int >= 0, or a ``config.mc_dropout.seed`` that is
-        not an int (one line).
+        not one (one line).
     """
     mc = config.get("mc_dropout")
     if mc is None:
@@ -514,11 +514,8 @@ def mc_dropout_samples(config: ConfigDict) -> int:
             f"dropout), got {num!r}."
         )
     seed = mc.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        # A config error: a ValueError like every other (one line, exit 2).
-        raise ValueError(  # noqa: TRY004
-            f"config.mc_dropout.seed must be an int, got {seed!r}."
-        )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"config.mc_dropout.seed must be an int >= 0, got {seed!r}.")
     return num
 
 

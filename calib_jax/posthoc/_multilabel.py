@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import warnings
 import zipfile
 from typing import Any
 
@@ -271,6 +272,10 @@ def fit_multilabel_temperature(
         excluding every row (one line each). Under ``jax.jit`` only shapes
         are checked.
 
+    Warns:
+      SuspiciousFitWarning: (concrete inputs only) one line when a fitted
+        temperature lies outside [0.05, 20].
+
     References:
       [1] C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, "On Calibration of
       Modern Neural Networks", ICML 2017, arXiv:1706.04599v2, Sec. 4.2.
@@ -292,7 +297,27 @@ def fit_multilabel_temperature(
         return MultilabelTemperature(temperatures=t, aux=aux)
     (t, aux), summary = _fit_checked(x, labels, where, tol, max_iter)
     raise_for_summary(summary)
+    _warn_if_outside_range(t)
     return MultilabelTemperature(temperatures=t, aux=aux)
+
+
+def _warn_if_outside_range(temperatures) -> None:
+    """One-line :class:`SuspiciousFitWarning` when a fitted temperature lies
+    outside :data:`TEMPERATURE_RANGE`."""
+    t = np.asarray(temperatures, np.float64)
+    lo, hi = _validate.TEMPERATURE_RANGE
+    outside = np.flatnonzero((t < lo) | (t > hi))
+    if outside.size:
+        first = int(outside[0])
+        warnings.warn(
+            f"fit_multilabel_temperature: {outside.size} label(s) have a fitted "
+            f"temperature outside [{lo}, {hi}] (first: label {first}, T = "
+            f"{t[first]:.4g}): T >> 1 when the logits barely predict the targets "
+            "(targets misaligned with the logits?), T << 1 for probabilities "
+            "passed as logits.",
+            _validate.SuspiciousFitWarning,
+            stacklevel=3,
+        )
 
 
 @struct.dataclass

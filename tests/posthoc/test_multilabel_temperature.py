@@ -71,7 +71,9 @@ def test_nll_never_increases_against_t_equal_one(seed):
     # Includes an anti-correlated label (negative scale: T -> large) and an
     # under-confident one.
     z, y = _data(seed=seed, scales=np.array([-1.0, 0.3, 4.0], np.float32))
-    cal = posthoc.fit_multilabel_temperature(z, y)
+    with pytest.warns(posthoc.SuspiciousFitWarning, match="first: label 0"):
+        cal = posthoc.fit_multilabel_temperature(z, y)
+    assert float(cal.temperatures[0]) > 20.0
     for k, t in enumerate(np.asarray(cal.temperatures, np.float64)):
         assert t > 0
         assert _bce64(t, z[:, k], y[:, k]) <= _bce64(1.0, z[:, k], y[:, k]) + 1e-7

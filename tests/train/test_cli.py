@@ -157,17 +157,18 @@ def test_config_typo_is_rejected(tmp_path):
         (
             "--config.model.kwargs.bogus=3",
             "error: --config.model.kwargs.bogus: config.model.kwargs has no field "
-            "'bogus' (the options of model 'mlp': hidden, dtype).",
+            "'bogus' (the options of model 'mlp': hidden, dropout_rate, dtype).",
         ),
         (
             "--config.model.kwargs={'bogus': 3}",
             "error: config.model.kwargs: MLP.__init__() got an unexpected keyword "
-            "argument 'bogus'; the options of model 'mlp' are: hidden, dtype.",
+            "argument 'bogus'; the options of model 'mlp' are: hidden, dropout_rate, "
+            "dtype.",
         ),
         (
             "--config.model.bogus=3",
             "error: --config.model.bogus: config.model has no field 'bogus' (its "
-            "fields: dtype, kwargs, name).",
+            "fields: dropout_rate, dtype, kwargs, name).",
         ),
     ],
 )

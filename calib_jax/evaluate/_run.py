@@ -60,6 +60,9 @@ def check_config(config: ConfigDict, workdir: epath.Path) -> None:
         return
     old = json.loads(path.read_text())
     new = json.loads(config.to_json_best_effort())
+    # A run recorded before config.model.dropout_rate existed had none.
+    if isinstance(old.get("model"), dict):
+        old["model"].setdefault("dropout_rate", 0.0)
     diff = [".".join(p) for p in _MUST_MATCH if _field(old, p) != _field(new, p)]
     if diff:
         raise ValueError(

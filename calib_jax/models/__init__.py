@@ -133,8 +133,8 @@ def get_model(name: str, *, num_classes: int, **kwargs) -> nn.Module:
       name: a key of :data:`MODELS`.
       num_classes: K, the number of logits.
       **kwargs: model attributes, e.g. ``dtype='bfloat16'`` or
-        ``dropout_rate=0.3`` (wide ResNets). A string ``dtype`` is converted
-        with ``jnp.dtype``.
+        ``dropout_rate=0.3`` (the models of :data:`DROPOUT_MODELS`). A string
+        ``dtype`` is converted with ``jnp.dtype``.
 
     Returns:
       The unbound flax module.

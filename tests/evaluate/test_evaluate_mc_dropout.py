@@ -171,3 +171,18 @@ def test_evaluate_mc_dropout_flag_errors_are_one_line(tmp_path, kwargs, message)
     with pytest.raises(ValueError) as err:
         evaluate.run(_config(), tmp_path, progress=False, **kwargs)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_run_recorded_before_dropout_rate_existed_is_checked_as_rate_zero(tmp_path):
+    import json
+
+    from calib_jax.evaluate import _run
+
+    config = digits_ce.get_config()
+    old = json.loads(config.to_json_best_effort())
+    del old["model"]["dropout_rate"], old["mc_dropout"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    _run.check_config(config, tmp_path)  # no difference
+    config.model.dropout_rate = 0.2
+    with pytest.raises(ValueError, match="differs from the run's .* in: model;"):
+        _run.check_config(config, tmp_path)

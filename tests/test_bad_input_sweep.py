@@ -871,96 +871,6 @@ def _ensemble_config(**changes):
     [
         (
             {"methods": ("focal", "ensemble(ce)")},
-            "config.methods has ensemble(ce), but 'ce' is not a method of the grid "
-            "(config.methods); valid ensembles: ensemble(focal).",
-        ),
-        (
-            {"methods": ("ce", "ensemble(nope)")},
-            "'nope' is not a method of the grid (config.methods); valid ensembles: "
-            "ensemble(ce).",
-        ),
-        (
-            {"methods": ("ce", "ensembles(ce)")},
-            "Unknown method(s) 'ensembles(ce)' in the benchmark config. Valid: ce,",
-        ),
-        (
-            {"ensemble.size": 1},
-            "config.ensemble.size must be an integer >= 2, got 1.",
-        ),
-        (
-            {"ensemble.num_groups": 0},
-            "config.ensemble.num_groups must be an integer >= 1, got 0.",
-        ),
-        (
-            {"ensemble.extra_runs": False},
-            "config.ensemble: 2 ensemble(s) of size 2 need the runs of seeds 0..3, "
-            "but config.seeds is [0, 1] and config.ensemble.extra_runs is False; "
-            "valid: size x num_groups <= the seeds 0, 1, ... of config.seeds, or "
-            "extra_runs=True.",
-        ),
-        (
-            {"methods": ("ce", "mc_dropout"), "mc_dropout.dropout_rate": 0.0},
-            "config.mc_dropout.dropout_rate must lie in (0, 1) for method mc_dropout",
-        ),
-        (
-            {"methods": ("ce", "mc_dropout"), "mc_dropout.num_samples": 0},
-            "config.mc_dropout.num_samples must be an integer >= 1 for method "
-            "mc_dropout, got 0.",
-        ),
-        (
-            {"calibration_tests.num_samples": -1},
-            "config.calibration_tests.num_samples must be an integer >= 0",
-        ),
-    ],
-)
-def test_benchmark_ensemble_and_mc_dropout_configs_are_one_line(
-    tmp_path, changes, message
-):
-    from calib_jax.benchmark import runner
-
-    with pytest.raises(ValueError) as err:
-        runner.validate(_ensemble_config(**changes), tmp_path / "w")
-    assert message in _one_line(err.value)
-    assert not (tmp_path / "w").exists()
-
-
-def test_benchmark_mc_dropout_on_a_model_without_dropout_is_one_line(tmp_path):
-    from calib_jax.benchmark import runner
-
-    config = _ensemble_config(methods=("ce", "mc_dropout"))
-    config.train.model.name = "resnet20"
-    with pytest.raises(ValueError) as err:
-        runner.validate(config, tmp_path / "w")
-    assert (
-        "Method mc_dropout needs a model with dropout, but config.train.model.name "
-        "is 'resnet20'; valid: mlp, cnn" in _one_line(err.value)
-    )
-
-
-# ---------------------------------------------------------------------------
-# Benchmark: deep ensembles, MC dropout and the calibration tests' config.
-# ---------------------------------------------------------------------------
-
-
-def _ensemble_config(**changes):
-    from configs import benchmark_digits
-
-    config = benchmark_digits.get_config("quick")
-    config.methods = ("ce", "ensemble(ce)")
-    for path, value in changes.items():
-        *parents, leaf = path.split(".")
-        node = config
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return config
-
-
-@pytest.mark.parametrize(
-    "changes, message",
-    [
-        (
-            {"methods": ("focal", "ensemble(ce)")},
             (
                 "config.methods has ensemble(ce), but 'ce' is not a method of the "
                 "grid (config.methods); valid ensembles: ensemble(focal)."
@@ -1121,3 +1031,55 @@ def test_mc_dropout_samples_of_a_model_without_dropout_are_one_line():
             model, variables, x, key=jax.random.key(1), num_samples=-1
         )
     assert "num_samples must be a positive int" in _one_line(err.value)
+
+
+# ---------------------------------------------------------------------------
+# Mondrian conformal, smooth_ece's convention, histogram binning's thresholds.
+# ---------------------------------------------------------------------------
+
+
+def test_mondrian_predictor_with_a_class_absent_from_calibration_is_one_line():
+    from calib_jax import conformal
+
+    labels = np.where(LABELS == 2, 1, LABELS)  # class 2 never labelled
+    logits = np.tile(LOGITS, (4, 1))
+    labels = np.tile(labels, 4)
+    with pytest.raises(ValueError) as err:
+        conformal.fit("aps", logits, labels, alpha=0.2, mondrian=True)
+    text = _one_line(err.value)
+    assert "class 2 is absent from the calibration set" in text
+    assert "alpha=0.2" in text and "error, marginal, full" in text
+    with pytest.raises(ValueError) as err:
+        conformal.fit("thr", logits, labels, alpha=0.2, mondrian=True, absent="drop")
+    assert "absent must be one of ('error', 'marginal', 'full')" in _one_line(err.value)
+    with pytest.raises(ValueError) as err:
+        conformal.fit("thr", logits, labels, alpha=0.2, absent="full")
+    assert "mondrian=True" in _one_line(err.value)
+    with pytest.raises(ValueError) as err:
+        conformal.fit("thr", logits, labels, alpha=0.2, mondrian="yes")
+    assert "mondrian must be True or False" in _one_line(err.value)
+
+
+def test_smooth_ece_bad_convention_is_one_line():
+    probs = jax.nn.softmax(LOGITS, axis=-1)
+    with pytest.raises(ValueError) as err:
+        metrics.smooth_ece(probs, LABELS, convention="torch")
+    assert "convention must be one of ('exact', 'relplot'), got 'torch'" in _one_line(
+        err.value
+    )
+
+
+def test_histogram_binning_bad_thresholds_is_one_line():
+    with pytest.raises(ValueError) as err:
+        posthoc.fit_histogram_binning(LOGITS, LABELS, thresholds="mid")
+    assert "thresholds must be one of ('data', 'midpoint'), got 'mid'" in _one_line(
+        err.value
+    )
+    with pytest.raises(ValueError) as err:
+        posthoc.fit("histogram_binning", LOGITS, LABELS, thresholds="mid")
+    assert "thresholds must be one of ('data', 'midpoint')" in _one_line(err.value)
+    with pytest.raises(ValueError) as err:
+        posthoc.fit_histogram_binning(
+            LOGITS, LABELS, binning="equal_width", thresholds="midpoint"
+        )
+    assert "needs binning='equal_mass'" in _one_line(err.value)

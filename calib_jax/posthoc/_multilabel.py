@@ -61,7 +61,8 @@ def check_inputs(logits, labels, where):
             f"logits is empty (shape {logits.shape}): fitting needs N >= 1 rows "
             "and L >= 1 labels."
         )
-    labels = jnp.asarray(labels)
+    where = _checks.check_where(where, logits.shape[0])
+    labels = jnp.asarray(_host_targets(labels, where))
     if not (
         labels.dtype == jnp.bool_
         or jnp.issubdtype(labels.dtype, jnp.integer)
@@ -76,7 +77,33 @@ def check_inputs(logits, labels, where):
             f"labels must have the shape of logits, [N, L] = {logits.shape} (one "
             f"0/1 target per row and label), got shape {labels.shape}."
         )
-    return logits, labels, _checks.check_where(where, logits.shape[0])
+    return logits, labels, where
+
+
+def _host_targets(labels, where):
+    """Host labels of a dtype wider than 32 bits, checked before they become
+    a JAX array: outside 64-bit mode the conversion would wrap an int64
+    ``2**32 + 1`` to 1, or round a float64 ``1 + 1e-12`` to 1.0, and the
+    value check would pass them. Other labels pass through unchanged."""
+    if isinstance(labels, (jax.Array, jax.core.Tracer)):
+        return labels
+    host = np.asarray(labels)
+    if host.dtype.itemsize <= 4 or host.dtype.kind not in "iuf" or host.ndim != 2:
+        return host
+    keep = np.ones(host.shape[0], bool)
+    if where is not None and _checks.is_concrete(where):
+        if where.shape[0] != host.shape[0]:
+            return host  # the shape check that follows explains it
+        keep = np.asarray(where, bool)
+    bad = keep[:, None] & (host != 0) & (host != 1)
+    if bad.any():
+        row, label = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"labels must be 0 or 1 (one binary target per row and label); found "
+            f"{host[row, label].item()!r} at row {row}, label {label} "
+            f"({int(bad.sum())} target(s) not 0/1)."
+        )
+    return host.astype(np.int32 if host.dtype.kind in "iu" else np.float32)
 
 
 def value_summary(logits, labels, where):

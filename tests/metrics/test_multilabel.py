@@ -261,3 +261,22 @@ def test_sharded_rows_equal_one_device():
     np.testing.assert_allclose(
         sharded, metrics.multilabel_ece(z, y, average="none"), **TOL
     )
+
+
+def test_wide_host_labels_are_checked_before_conversion():
+    # int64 2**32 + 1 would wrap to 1 as int32, float64 1 + 1e-12 round to
+    # 1.0 as float32: both are rejected with their own value, unless masked.
+    z, y = _data(n=20, num_labels=2, seed=11)
+    wide = y.astype(np.int64)
+    wide[3, 1] = 2**32 + 1
+    with pytest.raises(ValueError, match=r"found 4294967297 at row 3, label 1"):
+        metrics.multilabel_ece(z, wide)
+    near = y.astype(np.float64)
+    near[5, 0] = 1.0 + 1e-12
+    with pytest.raises(ValueError, match=r"at row 5, label 0 \(1 target"):
+        metrics.multilabel_ece(z, near)
+    where = np.arange(20) != 3
+    masked = metrics.multilabel_ece(z, wide, where=where)
+    np.testing.assert_allclose(
+        float(masked), float(metrics.multilabel_ece(z, y, where=where)), **TOL
+    )

@@ -132,3 +132,17 @@ def test_apply_probs_summary_and_save_load_round_trip(fitted, tmp_path):
         posthoc.load(path)
     with pytest.raises(ValueError, match="temperatures must have shape"):
         cal.apply(z[:, :2])
+
+
+def test_bad_targets_are_one_line_errors():
+    z, y = _data(n=20)
+    wide = y.astype(np.int64)
+    wide[2, 2] = 2**32
+    with pytest.raises(ValueError, match=r"found 4294967296 at row 2, label 2"):
+        posthoc.fit_multilabel_temperature(z, wide)
+    with pytest.raises(ValueError, match=r"labels must have the shape of logits"):
+        posthoc.fit_multilabel_temperature(z, y[:, 0])
+    with pytest.raises(ValueError, match=r"found 0.5 at row 1, label 0"):
+        posthoc.fit_multilabel_temperature(
+            z, np.where(np.arange(20)[:, None] == 1, 0.5, y)
+        )

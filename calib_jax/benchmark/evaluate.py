@@ -230,6 +230,12 @@ def corp_fields(logits, labels) -> dict[str, float]:
     return out
 
 
+# Jitted, so without the eager NaN/inf screen: histogram binning and isotonic
+# regression give log(0) = -inf logits to classes of probability 0, which every
+# score handles (a max, a logsumexp, 0 log 0 = 0).
+_ood_score = jax.jit(metrics.ood_score, static_argnums=0)
+
+
 def ood_fields(
     test_logits, ood_logits, *, test_mi=None, ood_mi=None
 ) -> dict[str, float]:
@@ -240,7 +246,9 @@ def ood_fields(
     (:func:`calib_jax.metrics.ood_score` of the calibrated logits) give
     :func:`ood_field` keys of the same four metrics, and so does
     ``mutual_information`` when ``test_mi`` and ``ood_mi`` (per-row mutual
-    information ``[N]``, scored as its negative) are given.
+    information ``[N]``, scored as its negative) are given. Logits may
+    hold ``-inf`` (a class of probability 0 after histogram binning or
+    isotonic regression).
     """
     out = {
         ood_field("msp", k): v
@@ -248,8 +256,8 @@ def ood_fields(
     }
     scores = {
         name: (
-            metrics.ood_score(name, jnp.asarray(test_logits, jnp.float32)),
-            metrics.ood_score(name, jnp.asarray(ood_logits, jnp.float32)),
+            _ood_score(name, jnp.asarray(test_logits, jnp.float32)),
+            _ood_score(name, jnp.asarray(ood_logits, jnp.float32)),
         )
         for name in ("max_logit", "energy", "entropy")
     }

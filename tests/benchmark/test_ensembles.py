@@ -172,6 +172,14 @@ def test_ood_fields_of_every_score():
     mi_in = np.random.default_rng(0).uniform(0, 0.2, len(z_in)).astype(np.float32)
     mi_out = np.random.default_rng(1).uniform(0.1, 0.5, 50).astype(np.float32)
     out = evaluate.ood_fields(z_in, z_out, test_mi=mi_in, ood_mi=mi_out)
+    # Classes of probability 0 (histogram binning, isotonic): log 0 = -inf.
+    z_in[:5, 1] = z_out[:5, 2] = -np.inf
+    inf = evaluate.ood_fields(z_in, z_out, test_mi=mi_in, ood_mi=mi_out)
+    assert all(np.isfinite(v) for v in inf.values())
+    z_in[:5, 1] = z_out[:5, 2] = -50.0
+    for k, v in evaluate.ood_fields(z_in, z_out).items():
+        np.testing.assert_allclose(inf[k], v, atol=1e-6, err_msg=k)
+    z_in, z_out = _logits(1)[0], _logits(2, n=50, scale=0.5)[0]
     # The MSP fields are the trainer's, unchanged.
     msp = train_eval.ood_metrics(z_in, z_out)
     assert {k: out[f"ood_{k}"] for k in msp} == msp
@@ -208,19 +216,19 @@ def test_cell_rows_carry_tests_decompositions_and_ood_scores():
         logits,
         method="ensemble(ce)",
         seed=1,
-        calibrators=("none", "ts:nll"),
+        calibrators=("none", "ts:nll", "isotonic"),
         test_samples=50,
         mutual_information=mi,
     )
     from calib_jax import posthoc
 
-    ts = posthoc.fit("ts:nll", *logits["val"])
+    fitted = {c: posthoc.fit(c, *logits["val"]) for c in ("ts:nll", "isotonic")}
     key = evaluate.consistency_key("ensemble(ce)", 1)
-    assert len(rows) == 4
+    assert len(rows) == 6
     for row in rows:
         z, y = logits["test" if row["shift"] == "clean" else row["shift"]]
-        if row["calibrator"] == "ts:nll":
-            z = np.asarray(ts.apply(z))
+        if row["calibrator"] != "none":
+            z = np.asarray(fitted[row["calibrator"]].apply(z))
         probs = jax.nn.softmax(z, axis=-1)
         test = metrics.spiegelhalter_test(probs, y)
         np.testing.assert_allclose(row["spiegelhalter_z"], test.statistic, rtol=1e-5)

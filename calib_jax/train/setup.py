@@ -34,6 +34,12 @@ from calib_jax.train.validation import validate
 
 # Loss terms, compared as the terms they define (either form).
 LOSS_FIELDS = ("loss", "interleaved.secondary")
+# Fields added since runs were first recorded, with the default a run
+# recorded before them behaves as (calib_jax.train.workdir.claim's `added`).
+ADDED_FIELDS = {
+    "model.dropout_rate": 0.0,
+    "mc_dropout": {"num_samples": 0, "seed": 0},
+}
 # The file that marks a benchmark's workdir (calib_jax.benchmark.runner).
 BENCHMARK_FILE = "benchmark_config.json"
 # Keys that may differ between the config of a run and its resumption.
@@ -63,6 +69,7 @@ def check_workdir(
         workdir,
         resumable=RESUMABLE_KEYS,
         loss_fields=LOSS_FIELDS,
+        added=ADDED_FIELDS,
         foreign={BENCHMARK_FILE: "a benchmark's results"},
         write=write,
     )

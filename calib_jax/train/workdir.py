@@ -76,6 +76,24 @@ def _with_terms(tree: dict, paths: Iterable[str]) -> dict:
     return out
 
 
+def _with_added(tree: dict, added: dict) -> dict:
+    """``tree`` with each dotted path of ``added`` that it lacks set to its value.
+
+    A config recorded before a field existed holds no entry for it; the run
+    it records behaves as the field's value in ``added`` (its default, which
+    leaves earlier results unchanged).
+    """
+    out = json.loads(json.dumps(tree))
+    for path, value in added.items():
+        *parents, key = path.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key not in node:
+            node[key] = json.loads(json.dumps(value))
+    return out
+
+
 def claim(
     config: ConfigDict,
     workdir: str | epath.PathLike,
@@ -83,6 +101,7 @@ def claim(
     filename: str = "config.json",
     resumable: Iterable[str] = (),
     loss_fields: Iterable[str] = (),
+    added: dict | None = None,
     holds: str = "a run of a different config",
     foreign: dict[str, str] | None = None,
     write: bool = True,
@@ -105,6 +124,10 @@ def claim(
       loss_fields: dotted paths of loss terms (``'loss'``), compared as the
         terms they define (:mod:`calib_jax.objectives`): a run recorded with
         the tuple form resumes under the field form of the same terms.
+      added: ``{dotted path: default}`` of the fields added to the config
+        since runs were first recorded: a recorded config without one is
+        compared as if it held the default (a run recorded by an earlier
+        version resumes when the new fields keep their defaults).
       holds: what a refused workdir holds, for the message (``'a run of a
         different config'``).
       foreign: ``{file name: what it marks}`` of the other kinds of run; a
@@ -133,7 +156,7 @@ def claim(
     check_writable(workdir)
     if path.exists():
         skip = frozenset(resumable)
-        old = json.loads(path.read_text())
+        old = _with_added(json.loads(path.read_text()), added or {})
         old, new = (
             {k: v for k, v in _with_terms(d, loss_fields).items() if k not in skip}
             for d in (old, new)

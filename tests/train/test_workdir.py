@@ -101,3 +101,33 @@ def test_the_trainer_and_the_benchmark_refuse_each_others_workdir(tmp_path):
     )
     assert sorted(p.name for p in bench.iterdir()) == ["benchmark_config.json"]
     assert sorted(p.name for p in run.iterdir()) == ["config.json"]
+
+
+def test_a_field_added_since_is_compared_as_its_default(tmp_path):
+    # A config recorded before `new.rate` existed: it behaves as the default.
+    workdir_lib.claim(_config(), tmp_path)
+    added = {"new.rate": 0.0, "new": {"rate": 0.0}, "log.size": 1}
+    workdir_lib.claim(
+        _config(new=dict(rate=0.0), log=dict(every=5, size=1)), tmp_path, added=added
+    )
+    with pytest.raises(ValueError, match=r"\(differs in: log, new\)"):
+        workdir_lib.claim(
+            _config(new=dict(rate=0.5), log=dict(every=5, size=2)),
+            tmp_path,
+            added=added,
+        )
+    # Without the record of what was added, the missing field is a difference.
+    with pytest.raises(ValueError, match=r"\(differs in: new\)"):
+        workdir_lib.claim(_config(new=dict(rate=0.0)), tmp_path)
+
+
+def test_a_trainer_run_recorded_before_mc_dropout_resumes(tmp_path):
+    config = digits_ce.get_config()
+    setup_lib.check_workdir(config, tmp_path)
+    recorded = json.loads((tmp_path / "config.json").read_text())
+    del recorded["mc_dropout"], recorded["model"]["dropout_rate"]
+    (tmp_path / "config.json").write_text(json.dumps(recorded))
+    setup_lib.check_workdir(config, tmp_path)  # the defaults: the same run
+    config.model.dropout_rate = 0.2
+    with pytest.raises(ValueError, match=r"\(differs in: model\)"):
+        setup_lib.check_workdir(config, tmp_path)

@@ -112,7 +112,8 @@ def grid_entries(configs, methods) -> list[tuple[str, str, object]]:
 
     MaC-Cal stage II (``two_stage``) is left out: its step needs the stage-I
     run's features and is a two-layer head on them, far smaller than the
-    stage-I (``ce``) step.
+    stage-I (``ce``) step; so are deep ensembles (``ensemble(<method>)``),
+    which train nothing of their own.
     """
     from calib_jax.benchmark import grid
 
@@ -120,7 +121,7 @@ def grid_entries(configs, methods) -> list[tuple[str, str, object]]:
     for name in configs:
         config = importlib.import_module(f"configs.{name}").get_config("seeds=1")
         for method in methods or config.methods:
-            if method == "two_stage":
+            if method == "two_stage" or grid.ensemble_of(method):
                 continue
             cell = grid.train_config(config, method, 0, Path("/nonexistent"))
             out.append((name, method, cell))

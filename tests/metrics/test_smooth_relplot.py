@@ -93,6 +93,3 @@ def test_where_equals_slicing_and_jit_equals_eager():
     eager = fn(probs, labels, 0.05)
     traced = jax.jit(fn)(probs, labels, 0.05)
     assert abs(float(eager) - float(traced)) < 1e-6
-    auto = jax.jit(lambda p, y: metrics.smooth_ece(p, y, convention="relplot"))
-    eager = metrics.smooth_ece(probs, labels, convention="relplot")
-    assert abs(float(auto(probs, labels)) - float(eager)) < 1e-6

@@ -27,7 +27,9 @@ raises at fit on concrete labels; ``'marginal'`` gives it the pooled
 (coverage 1 for that class, the convention :math:`\hat q = \infty` when the
 rank exceeds the sample of Lei et al. 2018). Under ``jax.jit``/``vmap`` the
 labels are traced and cannot be checked: ``'error'`` then behaves as
-``'full'``.
+``'full'``. Each threshold is an order statistic of its class, not a sum
+over rows, so (as the marginal :math:`\hat q`) it has no mergeable form:
+the calibration scores are needed in one call.
 
 References:
   [1] V. Vovk, A. Gammerman and G. Shafer, "Algorithmic Learning in a Random

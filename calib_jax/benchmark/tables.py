@@ -351,8 +351,9 @@ def ood_table(rows, ood_name: str = "") -> list[str]:
             + ". AUPR-In and AUPR-Out of every score are in `results.jsonl` "
             "(`ood_<score>_aupr_in`, `ood_<score>_aupr_out`). An ensemble's and "
             "MC dropout's logits are log mean probabilities, whose logsumexp is "
-            "0: without a calibrator their energy is 0 up to rounding (AUROC near "
-            "50%) and their max logit ranks as the MSP. Mutual information is computed "
+            "0: without a calibrator their energy is 0 up to float32 rounding, so "
+            "its AUROC measures the rounding, not the model, and their max logit "
+            "ranks as the MSP. Mutual information is computed "
             "from the members' (or dropout samples') own logits, before any "
             "calibrator, so it is the same under every calibrator."
         ),

@@ -16,12 +16,17 @@ classes) x 3 seeds, an
 MLP trained for 30 epochs, scored on the clean test set and on the 10 JAX
 corruptions x 5 severities of it, with OOD detection against
 ``digits_patches`` (8x8 tiles of scikit-learn's bundled photographs) and
-bootstrap intervals (200 resamples) of the clean-test metrics. Expected on a 2-core CPU: about 9 minutes
-(most of it one compile per method and per calibrator; a rerun reads the
-finished cells back). Variants:
+bootstrap intervals (200 resamples) of the clean-test metrics, Spiegelhalter's
+test on every set and the ECE's consistency p-value (200 resamples) and the
+CORP decompositions on the clean test set. Expected on a 2-core CPU: about 5
+minutes (4 min 37 s at a load average of 3.9 falling to 1.8, most of it one
+compile per method and per calibrator; the workdir's compilation cache
+spares the seeds after the first their compiles: 6 min 32 s without it,
+``JAX_ENABLE_COMPILATION_CACHE=false``; a rerun reads the finished cells
+back). Variants:
 
 - ``:quick``: 8 methods and a 2-member ``ensemble(ce)`` x 5 calibrators x 2
-  seeds, 2 corruptions, 10 epochs (smoke run, under 2 minutes);
+  seeds, 2 corruptions, 10 epochs (smoke run: 55 s at a load average of 1.1);
 - ``:seeds=N``: N seeds (0..N-1).
 """
 

@@ -158,6 +158,12 @@ def write_report(
         "",
         "Conventions: "
         + "; ".join(f"`{k}` = {v}" for k, v in evaluate.METRICS.items())
+        + (
+            "; `ece p (...)` = the p-values of the ECE's calibration tests, one "
+            "per seed (see *Calibration tests*)"
+            if any("spiegelhalter_p" in r for r in rows)
+            else ""
+        )
         + ".",
         "",
         *tables.metrics_table(rows, "none"),

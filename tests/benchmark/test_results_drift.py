@@ -63,6 +63,8 @@ def _same(expected, got) -> bool:
     if _number(expected) and _number(got):
         if math.isnan(expected) or math.isnan(got):
             return math.isnan(expected) and math.isnan(got)
+        if math.isinf(expected) or math.isinf(got):  # a log score of p = 0
+            return expected == got
         return abs(got - expected) <= max(RTOL * abs(expected), ATOL)
     return expected == got
 
@@ -190,6 +192,13 @@ def test_values_near_zero_use_the_absolute_floor():
     nan = [base | {"ece": math.nan}]
     assert row_differences(nan, copy.deepcopy(nan)) == []
     assert len(row_differences(nan, zero)) == 1
+    # An infinite value (the log score of a confidence of 1.0 that is wrong)
+    # equals only itself.
+    inf = [base | {"ece": math.inf}]
+    assert row_differences(inf, copy.deepcopy(inf)) == []
+    assert len(row_differences(inf, [base | {"ece": -math.inf}])) == 1
+    assert len(row_differences(inf, [base | {"ece": 1e308}])) == 1
+    assert len(row_differences(zero, inf)) == 1
 
 
 def test_a_nested_fit_parameter_is_compared():

@@ -167,6 +167,7 @@ def _auroc64(s_in, s_out):
     return float(np.mean((s_in > s_out) + 0.5 * (s_in == s_out)))
 
 
+@pytest.mark.long
 def test_ood_fields_of_every_score():
     (z_in, _), (z_out, _) = _logits(1), _logits(2, n=50, scale=0.5)
     mi_in = np.random.default_rng(0).uniform(0, 0.2, len(z_in)).astype(np.float32)

@@ -102,6 +102,7 @@ def test_per_class_coverage_over_200_vmapped_splits_meets_the_guarantee(method):
     assert np.all(np.abs(mean - exact) <= 3 * se), (mean, exact, se)
 
 
+@pytest.mark.long
 def test_marginal_under_covers_the_hard_class_and_mondrian_does_not():
     alpha, n_cal = 0.1, 1000
     z, y = dirichlet_rows(2000, 4, seed=3, hard_share=0.3)

@@ -121,6 +121,7 @@ def test_spiegelhalter_degenerate_denominator():
     assert (float(z), float(p)) == (np.inf, 0.0)
 
 
+@pytest.mark.long
 def test_spiegelhalter_stats_merge_equals_one_shot_and_where_equals_slicing():
     probs, labels = softmax_case(n=600, k=6, seed=6)
     whole = metrics.spiegelhalter_test(probs, labels)
@@ -182,6 +183,7 @@ def _ece64(conf, correct, num_bins):
 _draws = jax.jit(_calibration_tests.consistency_draws, static_argnums=(3, 4))
 
 
+@pytest.mark.long
 def test_consistency_statistic_is_the_ece():
     probs, labels = softmax_case(n=300, k=10, seed=9)
     keep = np.arange(300) % 3 != 0
@@ -219,6 +221,7 @@ def test_consistency_draws_match_a_float64_rebuild_of_the_surrogates():
         np.testing.assert_allclose(float(draws[s]), ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.long
 def test_consistency_p_value_rule_determinism_and_jit():
     probs, labels = softmax_case(n=400, k=10, seed=11)
     key = jax.random.key(7)
@@ -251,6 +254,7 @@ def _calibrated(key, n=400, k=5):
     return probs, jnp.where(correct, 0, wrong).astype(jnp.int32)
 
 
+@pytest.mark.long
 def test_consistency_p_values_are_roughly_uniform_under_calibration():
     keys = jax.random.split(jax.random.key(2026), 20)
 

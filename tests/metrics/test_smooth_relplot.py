@@ -80,6 +80,7 @@ def test_relplot_reflection_raises_the_value_when_confidences_pile_at_one():
     assert abs(relp - exact) < 2e-3
 
 
+@pytest.mark.long
 def test_where_equals_slicing_and_jit_equals_eager():
     probs, labels = confident(40.0, seed=2, n=600)
     where = np.random.default_rng(3).random(600) < 0.7

@@ -29,6 +29,7 @@ def _probs(z):
     return np.asarray(jax.nn.softmax(jnp.asarray(z), axis=-1))
 
 
+@pytest.mark.long
 def test_top_label_thresholds_and_values_equal_uncertainty_calibration():
     z, y = _data(1200, 4, seed=0)
     zt, _ = _data(3000, 4, seed=1)
@@ -71,6 +72,7 @@ def test_one_vs_rest_bins_equal_uncertainty_calibration_per_class():
         np.testing.assert_allclose(ours, ref(pt[:, c].astype(np.float64)), atol=1e-6)
 
 
+@pytest.mark.long
 def test_validation_rows_keep_their_bins_and_data_stays_the_default():
     z, y = _data(500, 5, seed=4)
     data = posthoc.fit_histogram_binning(z, y, num_bins=M)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 
 import jax
@@ -41,6 +42,17 @@ RESULTS_FILE = "results.jsonl"
 RESUMABLE_KEYS = ("log", "report")
 # JAX's persistent compilation cache of a local workdir.
 COMPILATION_CACHE = "compilation_cache"
+
+
+def _reset_cache() -> None:
+    """Reopens JAX's compilation cache without its INFO line on stderr."""
+    log = logging.getLogger("jax._src.compilation_cache")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        cc.reset_cache()
+    finally:
+        log.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -71,7 +83,7 @@ def compilation_cache(workdir: epath.Path):
         yield
         return
     before = {n: getattr(jax.config, n) for n in names}
-    cc.reset_cache()  # the cache is opened once per process: reopen it here
+    _reset_cache()  # the cache is opened once per process: reopen it here
     values = (str(workdir / COMPILATION_CACHE), 0.0, -1)
     for name, value in zip(names, values, strict=True):
         jax.config.update(name, value)
@@ -80,7 +92,7 @@ def compilation_cache(workdir: epath.Path):
     finally:
         for name, value in before.items():
             jax.config.update(name, value)
-        cc.reset_cache()
+        _reset_cache()
 
 
 def check_workdir(config: ConfigDict, workdir: epath.PathLike) -> None:

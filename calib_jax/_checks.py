@@ -505,3 +505,82 @@ def check_bool(name: str, value) -> bool:
         # ValueError as the losses have always raised for a bad switch.
         raise ValueError(f"{name} must be True or False, got {value!r}.")  # noqa: TRY004
     return bool(value)
+
+
+def check_multilabel(
+    x,
+    labels,
+    where=None,
+    *,
+    name: str = "logits",
+    purpose: str = "multi-label calibration",
+):
+    """Static checks of multi-label scores ``[N, L]``, targets and row mask.
+
+    Args:
+      x: float ``[N, L]`` logits or probabilities.
+      labels: bool, integer or float ``[N, L]`` 0/1 targets.
+      where: optional bool ``[N]`` row mask.
+      name: how ``x`` is called in messages.
+      purpose: what needs the rows, in the message of an empty ``x``.
+
+    Returns:
+      ``(x, labels, where)`` as JAX arrays (``where`` may stay None).
+
+    Raises:
+      TypeError: non-floating ``x``, labels that are not bool, integer or
+        float, a non-bool ``where``.
+      ValueError: ``x`` not of rank 2, ``N = 0`` or ``L = 0``, labels of
+        another shape than ``x``, a mask of another length.
+    """
+    x = check_floating(x, name)
+    check_rank(x, name, "[N, L]")
+    n, num_labels = x.shape
+    if n == 0 or num_labels == 0:
+        raise ValueError(
+            f"{name} is empty (shape {x.shape}): {purpose} needs N >= 1 rows and "
+            "L >= 1 labels."
+        )
+    where = check_where(where, n)
+    labels = jnp.asarray(host_binary_targets(labels, where))
+    if not (
+        labels.dtype == jnp.bool_
+        or jnp.issubdtype(labels.dtype, jnp.integer)
+        or jnp.issubdtype(labels.dtype, jnp.floating)
+    ):
+        raise TypeError(
+            f"labels must be bool, integer or float 0/1 targets, got dtype "
+            f"{labels.dtype}."
+        )
+    if labels.shape != x.shape:
+        raise ValueError(
+            f"labels must have the shape of {name}, [N, L] = {x.shape} (one 0/1 "
+            f"target per row and label), got shape {labels.shape}."
+        )
+    return x, labels, where
+
+
+def host_binary_targets(labels, where):
+    """Host labels of a dtype wider than 32 bits, checked before they become
+    a JAX array: outside 64-bit mode the conversion would wrap an int64
+    ``2**32 + 1`` to 1, or round a float64 ``1 + 1e-12`` to 1.0, and the
+    value check would pass them. Other labels pass through unchanged."""
+    if isinstance(labels, (jax.Array, jax.core.Tracer)):
+        return labels
+    host = np.asarray(labels)
+    if host.dtype.itemsize <= 4 or host.dtype.kind not in "iuf" or host.ndim != 2:
+        return host
+    keep = np.ones(host.shape[0], bool)
+    if where is not None and is_concrete(where):
+        if where.shape[0] != host.shape[0]:
+            return host  # the shape check that follows explains it
+        keep = np.asarray(where, bool)
+    bad = keep[:, None] & (host != 0) & (host != 1)
+    if bad.any():
+        row, label = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"labels must be 0 or 1 (one binary target per row and label); found "
+            f"{host[row, label].item()!r} at row {row}, label {label} "
+            f"({int(bad.sum())} target(s) not 0/1)."
+        )
+    return host.astype(np.int32 if host.dtype.kind in "iu" else np.float32)

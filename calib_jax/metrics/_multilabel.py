@@ -37,7 +37,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from calib_jax import _checks, kernels
@@ -58,77 +57,6 @@ BINNINGS = ("equal_width", "equal_mass")
 # ---------------------------------------------------------------------------
 # Checks (static always; values when concrete, fused into the metric's call)
 # ---------------------------------------------------------------------------
-
-
-def check_multilabel(x, labels, where=None, *, name: str = "logits"):
-    """Static checks of multi-label scores ``[N, L]``, targets and row mask.
-
-    Args:
-      x: float ``[N, L]`` logits or probabilities.
-      labels: bool, integer or float ``[N, L]`` 0/1 targets.
-      where: optional bool ``[N]`` row mask.
-      name: how ``x`` is called in messages.
-
-    Returns:
-      ``(x, labels, where)`` as JAX arrays (``where`` may stay None).
-
-    Raises:
-      TypeError: non-floating ``x``, labels that are not bool, integer or
-        float, a non-bool ``where``.
-      ValueError: ``x`` not of rank 2, ``N = 0`` or ``L = 0``, labels of
-        another shape than ``x``, a mask of another length.
-    """
-    x = _checks.check_floating(x, name)
-    _checks.check_rank(x, name, "[N, L]")
-    n, num_labels = x.shape
-    if n == 0 or num_labels == 0:
-        raise ValueError(
-            f"{name} is empty (shape {x.shape}): multi-label calibration needs "
-            "N >= 1 rows and L >= 1 labels."
-        )
-    where = _checks.check_where(where, n)
-    labels = jnp.asarray(_host_targets(labels, where))
-    if not (
-        labels.dtype == jnp.bool_
-        or jnp.issubdtype(labels.dtype, jnp.integer)
-        or jnp.issubdtype(labels.dtype, jnp.floating)
-    ):
-        raise TypeError(
-            f"labels must be bool, integer or float 0/1 targets, got dtype "
-            f"{labels.dtype}."
-        )
-    if labels.shape != x.shape:
-        raise ValueError(
-            f"labels must have the shape of {name}, [N, L] = {x.shape} (one 0/1 "
-            f"target per row and label), got shape {labels.shape}."
-        )
-    return x, labels, where
-
-
-def _host_targets(labels, where):
-    """Host labels of a dtype wider than 32 bits, checked before they become
-    a JAX array: outside 64-bit mode the conversion would wrap an int64
-    ``2**32 + 1`` to 1, or round a float64 ``1 + 1e-12`` to 1.0, and the
-    value check would pass them. Other labels pass through unchanged."""
-    if isinstance(labels, (jax.Array, jax.core.Tracer)):
-        return labels
-    host = np.asarray(labels)
-    if host.dtype.itemsize <= 4 or host.dtype.kind not in "iuf" or host.ndim != 2:
-        return host
-    keep = np.ones(host.shape[0], bool)
-    if where is not None and _checks.is_concrete(where):
-        if where.shape[0] != host.shape[0]:
-            return host  # the shape check that follows explains it
-        keep = np.asarray(where, bool)
-    bad = keep[:, None] & (host != 0) & (host != 1)
-    if bad.any():
-        row, label = (int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(
-            f"labels must be 0 or 1 (one binary target per row and label); found "
-            f"{host[row, label].item()!r} at row {row}, label {label} "
-            f"({int(bad.sum())} target(s) not 0/1)."
-        )
-    return host.astype(np.int32 if host.dtype.kind in "iu" else np.float32)
 
 
 def value_summary(x, labels, where, inputs: str):
@@ -442,7 +370,7 @@ def multilabel_ece(
     """
     m, conv = check_options(num_bins, binning, average, inputs, convention)
     name = "logits" if inputs == "logits" else "probs"
-    x, labels, where = check_multilabel(logits, labels, where, name=name)
+    x, labels, where = _checks.check_multilabel(logits, labels, where, name=name)
     static = (m, binning, average, inputs, conv)
     if not _checks.is_concrete(x, labels, where):
         return _core(x, labels, where, *static)
@@ -533,7 +461,7 @@ class MultilabelStats:
         """Statistics of one batch (arguments as :func:`multilabel_ece`)."""
         m, conv = check_options(num_bins, "equal_width", "macro", inputs, convention)
         name = "logits" if inputs == "logits" else "probs"
-        x, labels, where = check_multilabel(logits, labels, where, name=name)
+        x, labels, where = _checks.check_multilabel(logits, labels, where, name=name)
         if _checks.is_concrete(x, labels, where):
             summary = _summary_jit(x, labels, where, inputs)
             raise_for_summary(summary, name=name, inputs=inputs)

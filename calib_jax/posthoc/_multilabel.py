@@ -41,12 +41,9 @@ _HEADER = "__header__"
 _AUX = ("nll", "nll_at_t1", "num_iter")
 
 
-# The checks mirror those of ``metrics.multilabel_ece`` (same messages); the
-# packages do not share private modules (tests/test_architecture.py).
-
-
 def check_inputs(logits, labels, where):
-    """Static checks of ``[N, L]`` logits, ``[N, L]`` 0/1 labels and a row mask.
+    """Static checks of ``[N, L]`` logits, ``[N, L]`` 0/1 labels and a row mask
+    (:func:`calib_jax._checks.check_multilabel`, as ``metrics.multilabel_ece``).
 
     Raises:
       TypeError: non-floating logits, labels neither bool, integer nor float,
@@ -54,56 +51,7 @@ def check_inputs(logits, labels, where):
       ValueError: logits not ``[N, L]`` or empty, labels of another shape, a
         mask of another length.
     """
-    logits = _checks.check_floating(logits, "logits")
-    _checks.check_rank(logits, "logits", "[N, L]")
-    if 0 in logits.shape:
-        raise ValueError(
-            f"logits is empty (shape {logits.shape}): fitting needs N >= 1 rows "
-            "and L >= 1 labels."
-        )
-    where = _checks.check_where(where, logits.shape[0])
-    labels = jnp.asarray(_host_targets(labels, where))
-    if not (
-        labels.dtype == jnp.bool_
-        or jnp.issubdtype(labels.dtype, jnp.integer)
-        or jnp.issubdtype(labels.dtype, jnp.floating)
-    ):
-        raise TypeError(
-            f"labels must be bool, integer or float 0/1 targets, got dtype "
-            f"{labels.dtype}."
-        )
-    if labels.shape != logits.shape:
-        raise ValueError(
-            f"labels must have the shape of logits, [N, L] = {logits.shape} (one "
-            f"0/1 target per row and label), got shape {labels.shape}."
-        )
-    return logits, labels, where
-
-
-def _host_targets(labels, where):
-    """Host labels of a dtype wider than 32 bits, checked before they become
-    a JAX array: outside 64-bit mode the conversion would wrap an int64
-    ``2**32 + 1`` to 1, or round a float64 ``1 + 1e-12`` to 1.0, and the
-    value check would pass them. Other labels pass through unchanged."""
-    if isinstance(labels, (jax.Array, jax.core.Tracer)):
-        return labels
-    host = np.asarray(labels)
-    if host.dtype.itemsize <= 4 or host.dtype.kind not in "iuf" or host.ndim != 2:
-        return host
-    keep = np.ones(host.shape[0], bool)
-    if where is not None and _checks.is_concrete(where):
-        if where.shape[0] != host.shape[0]:
-            return host  # the shape check that follows explains it
-        keep = np.asarray(where, bool)
-    bad = keep[:, None] & (host != 0) & (host != 1)
-    if bad.any():
-        row, label = (int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(
-            f"labels must be 0 or 1 (one binary target per row and label); found "
-            f"{host[row, label].item()!r} at row {row}, label {label} "
-            f"({int(bad.sum())} target(s) not 0/1)."
-        )
-    return host.astype(np.int32 if host.dtype.kind in "iu" else np.float32)
+    return _checks.check_multilabel(logits, labels, where, purpose="fitting")
 
 
 def value_summary(logits, labels, where):

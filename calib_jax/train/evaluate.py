@@ -659,6 +659,14 @@ def export_logits(
         storage.save_npz(path, logits=z, labels=y, **fields)
 
 
+def _load_set(directory: epath.Path, key: str, ood_name: str):
+    """The exported ``.npz`` of set ``key``; a missing file is a one-line error."""
+    path = directory / logits_file(key, ood_name)
+    if not path.exists():
+        raise ValueError(f"{path} is missing: the run exported no logits of {key}.")
+    return storage.load_npz(path)
+
+
 def read_logits(
     directory: epath.PathLike, keys: list[str], ood_name: str = ""
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -670,10 +678,7 @@ def read_logits(
     directory = storage.as_path(directory)
     out = {}
     for key in keys:
-        path = directory / logits_file(key, ood_name)
-        if not path.exists():
-            raise ValueError(f"{path} is missing: the run exported no logits of {key}.")
-        f = storage.load_npz(path)
+        f = _load_set(directory, key, ood_name)
         out[key] = (
             np.asarray(f["logits"], np.float32),
             np.asarray(f["labels"]).astype(np.int32),
@@ -693,10 +698,7 @@ def read_extras(
     directory = storage.as_path(directory)
     out = {}
     for key in keys:
-        path = directory / logits_file(key, ood_name)
-        if not path.exists():
-            raise ValueError(f"{path} is missing: the run exported no logits of {key}.")
-        f = storage.load_npz(path)
+        f = _load_set(directory, key, ood_name)
         if MUTUAL_INFORMATION in f:
             out[key] = {
                 MUTUAL_INFORMATION: np.asarray(f[MUTUAL_INFORMATION], np.float32)

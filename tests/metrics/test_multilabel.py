@@ -280,3 +280,29 @@ def test_wide_host_labels_are_checked_before_conversion():
     np.testing.assert_allclose(
         float(masked), float(metrics.multilabel_ece(z, y, where=where)), **TOL
     )
+
+
+@pytest.mark.parametrize(
+    "binning, n",
+    [
+        ("equal_width", 200),
+        ("equal_mass", 200),
+        pytest.param("equal_mass", 2**15, marks=pytest.mark.long),  # radix select
+    ],
+)
+def test_probabilities_piled_at_and_just_below_one_match_float64(binning, n):
+    # What a confident sigmoid head gives in float32: many entries exactly 1.0,
+    # many one or a few ulps below it, and ties among them.
+    rng = np.random.default_rng(11)
+    below = np.nextafter(np.float32(1.0), np.float32(0.0))
+    pool = np.array(
+        [1.0, 1.0, below, np.nextafter(below, np.float32(0.0)), 0.99995, 0.5, 0.1],
+        np.float32,
+    )
+    p = pool[rng.integers(0, pool.size, size=(n, 3))]
+    y = (rng.random((n, 3)) < 0.9).astype(np.int32)
+    got = metrics.multilabel_ece(
+        p, y, inputs="probs", average="none", binning=binning, num_bins=10
+    )
+    expected = ref_per_label(p, y, m=10, binning=binning)
+    np.testing.assert_allclose(got, expected, **TOL)

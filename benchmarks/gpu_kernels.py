@@ -70,7 +70,7 @@ def render(rows: list[dict], device_kind: str, machine: str) -> str:
         table.append(
             f"| {r['family']} | {r['case']} | {r['tuned'] * 1e3:.3f} | "
             f"{r['plain'] * 1e3:.3f} | {r['ratio']:.2f}x | "
-            f"{kernels.GPU[r['family']]} | {kernels.OFF_CPU[r['family']]} |"
+            f"{kernels.FAMILIES[r['family']].gpu} | {kernels.FAMILIES[r['family']].tpu} |"
         )
     return "\n".join(
         [
@@ -81,14 +81,18 @@ def render(rows: list[dict], device_kind: str, machine: str) -> str:
             "",
             *table,
             "",
-            "`GPU runs` is `calib_jax.kernels.GPU`: the plain formulation where "
+            "`GPU runs` is the family's `gpu` entry in `calib_jax.kernels.FAMILIES`: the plain formulation where "
             "the tuned one took over 1.15x its time at the family's largest "
             "size here, else the tuned one. Below about 0.2 ms both are bound "
             "by kernel launches, and differences of a few percent are noise. "
-            "`TPU runs` (`kernels.OFF_CPU`) comes from the TPU compile's bytes "
+            "`TPU runs` (its `tpu` entry) comes from the TPU compile's bytes "
             "accessed (section above); the two columns differ for "
             + ", ".join(
-                sorted(f for f in worst if kernels.GPU[f] != kernels.OFF_CPU[f])
+                sorted(
+                    f
+                    for f in worst
+                    if kernels.FAMILIES[f].gpu != kernels.FAMILIES[f].tpu
+                )
             )
             + ".",
         ]

@@ -428,7 +428,9 @@ def report(measured: list[dict], device) -> str:
         "|---|---|---|---|",
     ]
     for family, (choice, why) in decisions(measured).items():
-        table = kernels.OFF_CPU.get(family, "missing")
+        table = (
+            kernels.FAMILIES[family].tpu if family in kernels.FAMILIES else "missing"
+        )
         note = table if table == choice else f"{table} (DIFFERS)"
         lines.append(f"| {family} | {choice} | {why} | {note} |")
     for r in measured:
@@ -454,7 +456,7 @@ def main(argv=None) -> int:
     body = report(measured, device)
     print(body)
     mismatch = [
-        f for f, (c, _) in decisions(measured).items() if kernels.OFF_CPU[f] != c
+        f for f, (c, _) in decisions(measured).items() if kernels.FAMILIES[f].tpu != c
     ]
     if not (args.no_write or only):
         write_section(TITLE, body)

@@ -1,56 +1,29 @@
 r"""Platform switch between the CPU-tuned kernels and their plain formulations.
 
-Several cores of the metrics, losses and post-hoc fits were tuned on XLA:CPU
-(packed integer keys, a radix select, complex-packed scatter-adds, fused
-``custom_jvp`` row reductions, row-blocked loops). Each such *kernel family*
-keeps a plain ``jax.numpy`` formulation of the same function (``jnp.argmax``,
-``lax.sort`` on float keys, ``.at[].add``, ``jax.nn.log_softmax`` with JAX's
-own autodiff), and this module decides which one is traced:
+Every function of the library is written plain first: its paper's equations in
+``jax.numpy`` under the plain name. A few were also tuned for XLA:CPU (packed
+integer keys, a radix select, fused ``custom_jvp`` reductions, row-blocked
+loops) where that was measured to pay at least 1.5x on the CPU
+(``benchmarks/cpu_kernels.py``). Each such *kernel family* lives in its
+package's ``_cpu_kernels.py`` as a drop-in for the plain function, and the
+decorator :func:`dispatch` on the plain function decides which one is traced:
 
-- ``'tuned'`` on the CPU, always (the measured fast path there);
-- off the CPU, the entry of :data:`OFF_CPU`: ``'plain'`` where the tuned
-  kernel's *bytes accessed* in the TPU ahead-of-time compile exceed twice the
-  plain one's, or where it does not compile for TPU; ``'tuned'`` otherwise.
+- ``'tuned'`` on the CPU, always (the reason it exists);
+- on a GPU (``'cuda'``, ``'rocm'``) the family's ``gpu`` entry, and on a TPU
+  and any other platform its ``tpu`` entry, in :data:`FAMILIES`.
+
+The TPU entries come from the TPU ahead-of-time compile
+(``benchmarks/tpu_kernels.py``: ``'plain'`` where the tuned kernel's bytes
+accessed exceed twice the plain one's, or it does not compile), the GPU
+entries from timings of both forms on one H100 (``benchmarks/gpu_kernels.py``:
+``'plain'`` where the tuned form is over 1.15x slower). The figures are in
+``benchmarks/RESULTS.md``.
 
 The decision is made when the computation is lowered, for the platform it is
 lowered for (``jax.lax.platform_dependent``): a function jitted on a CPU host
 and compiled for a TPU topology gets the TPU choice, and the compiler never
-sees a conditional. Families whose off-CPU entry is ``'tuned'`` trace one
-formulation only.
-
-Measured table (``benchmarks/tpu_kernels.py``, TPU v5e, one chip; the sizes,
-flops and bytes are in ``benchmarks/RESULTS.md``, section "Kernel
-portability (TPU ahead-of-time compile)"). ``bytes`` is the tuned kernel's
-bytes accessed over the plain one's at the worst measured size:
-
-=======================  ==========================================  ======  =======  ======  =====
-family                   tuned kernel                                bytes   TPU      time    GPU
-=======================  ==========================================  ======  =======  ======  =====
-metric_top_label         ``metrics._common.top_label``, K <= 32      0.24    tuned    1.18    plain
-metric_top_label_blocks  ``metrics._common.top_label``, K > 32       16.2    plain    1.42    plain
-sort_keys                ``metrics._common.sorted_by_confidence``    1.00    tuned    0.26    tuned
-metric_scatter           ``metrics._kernels.accumulate_top_label``   375     plain    0.24    tuned
-metric_classwise         ``metrics._kernels.accumulate_classwise``   145     plain    64.4    plain
-metric_radix_select      ``metrics._order_statistics.rank_bins``     0.63    tuned    0.66    tuned
-loss_rows                ``losses._kernel_base.row_stats``           0.95    tuned    0.31    tuned
-loss_true_vs_rest        ``losses._kernel_base.rest_parts``          1.54    tuned    1.04    tuned
-loss_dual_focal          ``losses._kernel_base.dual_parts``          0.98    tuned    1.01    tuned
-loss_mbls                ``losses._kernel_base.mbls_parts``          0.87    tuned    1.06    tuned
-loss_acls                ``losses._kernel_base.acls_parts``          0.88    tuned    0.98    tuned
-loss_mdca                ``losses._kernel_base.prob_sums``           1.00    tuned    1.11    tuned
-posthoc_temperature      ``posthoc._blocked.exp_sums`` and the JVPs  2.06    plain    4.58    plain
-=======================  ==========================================  ======  =======  ======  =====
-
-``TPU`` is what runs on a TPU (and any platform other than the CPU and a
-GPU). ``time`` is the tuned kernel's time over the plain one's on one NVIDIA
-H100 at the family's largest measured size (``benchmarks/gpu_kernels.py``,
-section "Kernel portability on NVIDIA H100 80GB HBM3 (measured)" of
-``benchmarks/RESULTS.md``), and ``GPU`` (``'cuda'``, ``'rocm'``) is the plain
-formulation where that ratio exceeds 1.15, else the tuned one. The two
-columns differ twice: the complex-packed scatter-add of the per-bin sums moves
-375x the bytes on a TPU yet runs 2.7-4x faster than ``.at[].add`` on the
-H100, and the packed-key top label is 4x lighter on a TPU but 1.18x slower on
-the H100.
+sees a conditional. A family whose ``tpu`` and ``gpu`` entries are both
+``'tuned'`` traces one formulation only.
 
 Override (tests, debugging, a platform the table does not fit):
 
@@ -66,6 +39,8 @@ A forced mode applies on every platform, the CPU included.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -75,70 +50,107 @@ from jax import lax
 
 ENV_VAR = "CALIB_JAX_KERNELS"
 MODES = ("auto", "tuned", "plain")
-
-FAMILIES: dict[str, str] = {
-    "metric_top_label": "top-label confidence and correctness from one "
-    "max-reduction over packed uint32 keys, rows of K <= 32 classes (plain: "
-    "jnp.max and jnp.argmax)",
-    "metric_top_label_blocks": "the same for K > 32, rows viewed as [N * K / g, "
-    "g] blocks of a divisor g of K (plain: jnp.max and jnp.argmax)",
-    "sort_keys": "sorts of (confidence, flag) pairs and of scores as packed "
-    "int32 keys (plain: lax.sort on float keys with a payload)",
-    "metric_scatter": "top-label per-bin sums by one complex-packed scatter-add "
-    "in row blocks and lanes (plain: .at[bin].add per statistic)",
-    "metric_classwise": "class-wise per-bin sums in a lax.scan over row blocks, "
-    "bin 0 derived from column totals (plain: one scatter-add over [N, K])",
-    "metric_radix_select": "equal-mass 'rank' bins from a radix select of M - 1 "
-    "order statistics (plain: sort and cut)",
-    "loss_rows": "softmax row statistics of the batch-level losses with a "
-    "custom JVP (plain: log_softmax and JAX autodiff)",
-    "loss_true_vs_rest": "true-class-versus-rest log-odds of focal and Brier "
-    "with a custom JVP (plain: masked logsumexp and autodiff)",
-    "loss_dual_focal": "dual focal's largest non-true logit and rest sum with a "
-    "custom JVP (plain: masked argmax, logsumexp and autodiff)",
-    "loss_mbls": "MbLS hinge sum with a custom JVP (plain: relu sum, autodiff)",
-    "loss_acls": "ACLS hinge sums with a custom JVP (plain: relu sums, autodiff)",
-    "loss_mdca": "MDCA's weighted softmax column sums with a custom JVP "
-    "(plain: softmax and autodiff)",
-    "posthoc_temperature": "row-blocked exp sums of temperature scaling and "
-    "their fused derivatives in log T (plain: one pass and autodiff)",
-}
-
-# What 'auto' runs off the CPU and off a GPU (TPU measurements). See the
-# module docstring and benchmarks/RESULTS.md.
-OFF_CPU: dict[str, str] = {
-    "metric_top_label": "tuned",
-    "metric_top_label_blocks": "plain",
-    "sort_keys": "tuned",
-    "metric_scatter": "plain",
-    "metric_classwise": "plain",
-    "metric_radix_select": "tuned",
-    "loss_rows": "tuned",
-    "loss_true_vs_rest": "tuned",
-    "loss_dual_focal": "tuned",
-    "loss_mbls": "tuned",
-    "loss_acls": "tuned",
-    "loss_mdca": "tuned",
-    "posthoc_temperature": "plain",
-}
-
-# What 'auto' runs on a GPU ('cuda', 'rocm'): H100 timings of both forms.
-GPU: dict[str, str] = {
-    "metric_top_label": "plain",
-    "metric_top_label_blocks": "plain",
-    "sort_keys": "tuned",
-    "metric_scatter": "tuned",
-    "metric_classwise": "plain",
-    "metric_radix_select": "tuned",
-    "loss_rows": "tuned",
-    "loss_true_vs_rest": "tuned",
-    "loss_dual_focal": "tuned",
-    "loss_mbls": "tuned",
-    "loss_acls": "tuned",
-    "loss_mdca": "tuned",
-    "posthoc_temperature": "plain",
-}
 GPU_PLATFORMS = ("cuda", "rocm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One tuned kernel family: what it does and what runs off the CPU.
+
+    Attributes:
+      kernel: the tuned drop-in (``<package>._cpu_kernels.<name>``).
+      what: what the tuned form does differently from the plain one.
+      tpu: ``'tuned'`` or ``'plain'`` on a TPU and any platform other than
+        the CPU and a GPU.
+      gpu: ``'tuned'`` or ``'plain'`` on ``'cuda'`` and ``'rocm'``.
+    """
+
+    kernel: str
+    what: str
+    tpu: str
+    gpu: str
+
+
+FAMILIES: dict[str, Family] = {
+    "metric_top_label": Family(
+        "metrics._cpu_kernels.top_label",
+        "one max-reduction over packed uint32 keys, rows of K <= 32 classes",
+        tpu="tuned",
+        gpu="plain",
+    ),
+    "metric_top_label_blocks": Family(
+        "metrics._cpu_kernels.top_label",
+        "the same for K > 32, rows viewed as [N * K / g, g] blocks",
+        tpu="plain",
+        gpu="plain",
+    ),
+    "sort_keys": Family(
+        "metrics._cpu_kernels (sorts)",
+        "sorts of (value, flag) pairs as packed int32 keys",
+        tpu="tuned",
+        gpu="tuned",
+    ),
+    "metric_scatter": Family(
+        "metrics._cpu_kernels.accumulate_top_label",
+        "top-label per-bin sums by one complex-packed scatter-add",
+        tpu="plain",
+        gpu="tuned",
+    ),
+    "metric_classwise": Family(
+        "metrics._cpu_kernels.accumulate_classwise",
+        "class-wise per-bin sums in a lax.scan over row blocks",
+        tpu="plain",
+        gpu="plain",
+    ),
+    "metric_radix_select": Family(
+        "metrics._cpu_kernels.rank_bins",
+        "equal-mass 'rank' bins from a radix select of the M - 1 order statistics",
+        tpu="tuned",
+        gpu="tuned",
+    ),
+    "loss_rows": Family(
+        "losses._cpu_kernels.row_stats",
+        "softmax row statistics with a fused custom JVP",
+        tpu="tuned",
+        gpu="tuned",
+    ),
+    "loss_true_vs_rest": Family(
+        "losses._cpu_kernels.rest_parts",
+        "true-class-versus-rest log-odds with a custom JVP",
+        tpu="tuned",
+        gpu="tuned",
+    ),
+    "loss_dual_focal": Family(
+        "losses._cpu_kernels.dual_parts",
+        "largest non-true logit and rest sum with a custom JVP",
+        tpu="tuned",
+        gpu="tuned",
+    ),
+    "loss_mbls": Family(
+        "losses._cpu_kernels.mbls_parts",
+        "MbLS hinge sum with a custom JVP",
+        tpu="tuned",
+        gpu="tuned",
+    ),
+    "loss_acls": Family(
+        "losses._cpu_kernels.acls_parts",
+        "ACLS hinge sums with a custom JVP",
+        tpu="tuned",
+        gpu="tuned",
+    ),
+    "loss_mdca": Family(
+        "losses._cpu_kernels.prob_sums",
+        "MDCA's softmax column sums with a custom JVP",
+        tpu="tuned",
+        gpu="tuned",
+    ),
+    "posthoc_temperature": Family(
+        "posthoc._cpu_kernels.exp_sums",
+        "row-blocked exp sums of temperature scaling and fused derivatives",
+        tpu="plain",
+        gpu="plain",
+    ),
+}
 
 # The override in force: a sorted tuple of (family or '*', mode) pairs. It is
 # a jax.jit cache key, so a change retraces instead of reusing a stale choice.
@@ -227,38 +239,70 @@ def choice(family: str, platform: str) -> str:
         ``'rocm'``, ...).
 
     Returns:
-      The forced mode if one is in force, else ``'tuned'`` on ``'cpu'``,
-      ``GPU[family]`` on ``'cuda'`` and ``'rocm'``, and ``OFF_CPU[family]``
-      elsewhere.
+      The forced mode if one is in force, else ``'tuned'`` on ``'cpu'``, the
+      family's ``gpu`` entry on ``'cuda'`` and ``'rocm'``, and its ``tpu``
+      entry elsewhere.
     """
     m = mode(family)
     if m != "auto":
         return m
     if platform == "cpu":
         return "tuned"
-    return GPU[family] if platform in GPU_PLATFORMS else OFF_CPU[family]
+    entry = FAMILIES[family]
+    return entry.gpu if platform in GPU_PLATFORMS else entry.tpu
 
 
-def select(family: str, tuned: Callable, plain: Callable, *args):
-    """Calls the formulation of a family that runs where the code is lowered.
-
-    ``tuned`` and ``plain`` must return the same pytree of shapes and dtypes.
-    Under ``'auto'`` with a ``'plain'`` entry for the TPU or the GPU both are
-    traced and ``jax.lax.platform_dependent`` keeps one per lowering
-    platform; otherwise only the chosen one is traced.
-    """
+def _select(family: str, tuned: Callable, plain: Callable, *args):
+    """Calls the formulation of a family that runs where the code is lowered."""
     m = mode(family)
-    if m == "auto":
-        if OFF_CPU[family] == GPU[family] == "tuned":
-            return tuned(*args)
-        if jax.config.jax_enable_x64:
-            tuned = _with_dtypes_of(plain, tuned, args)
-        forms = {"tuned": tuned, "plain": plain}
-        on_gpu = dict.fromkeys(GPU_PLATFORMS, forms[GPU[family]])
-        return lax.platform_dependent(
-            *args, cpu=tuned, **on_gpu, default=forms[OFF_CPU[family]]
-        )
-    return tuned(*args) if m == "tuned" else plain(*args)
+    if m != "auto":
+        return tuned(*args) if m == "tuned" else plain(*args)
+    entry = FAMILIES[family]
+    if entry.tpu == entry.gpu == "tuned":
+        return tuned(*args)
+    if jax.config.jax_enable_x64:
+        tuned = _with_dtypes_of(plain, tuned, args)
+    forms = {"tuned": tuned, "plain": plain}
+    on_gpu = dict.fromkeys(GPU_PLATFORMS, forms[entry.gpu])
+    return lax.platform_dependent(*args, cpu=tuned, **on_gpu, default=forms[entry.tpu])
+
+
+def dispatch(family: str, tuned: Callable) -> Callable[[Callable], Callable]:
+    """Decorates a plain function with its CPU-tuned drop-in ``tuned``.
+
+    The decorated function calls the formulation :func:`choice` picks for
+    the platform it is lowered for. Positional arguments may be arrays;
+    keyword arguments must be static (Python values) and are bound to both
+    forms. Both forms must return the same pytree of shapes and dtypes. The
+    two forms stay reachable as ``.plain`` and ``.tuned``, the family name as
+    ``.family``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import kernels
+      >>> @kernels.dispatch("loss_mdca", lambda x: x + 0.0)
+      ... def twice_half(x):
+      ...     return 2.0 * (x / 2.0)
+      >>> float(twice_half(jnp.float32(3.0)))
+      3.0
+    """
+    _check_family(family)
+
+    def decorate(plain: Callable) -> Callable:
+        @functools.wraps(plain)
+        def call(*args, **kwargs):
+            if kwargs:
+                t = functools.partial(tuned, **kwargs)
+                p = functools.partial(plain, **kwargs)
+                return _select(family, t, p, *args)
+            return _select(family, tuned, plain, *args)
+
+        call.plain = plain
+        call.tuned = tuned
+        call.family = family
+        return call
+
+    return decorate
 
 
 def _with_dtypes_of(plain: Callable, tuned: Callable, args) -> Callable:
@@ -279,3 +323,7 @@ def _with_dtypes_of(plain: Callable, tuned: Callable, args) -> Callable:
         return jax.tree.map(lambda x, w: x.astype(w.dtype), tuned(*a), want)
 
     return cast
+
+
+# Transitional: call sites move to @dispatch; nothing new may use this.
+select = _select

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,26 +20,19 @@ def _no_env(monkeypatch):
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)
 
 
-def test_table_covers_every_family_with_a_valid_choice():
-    assert set(kernels.OFF_CPU) == set(kernels.FAMILIES)
-    assert set(kernels.OFF_CPU.values()) <= {"tuned", "plain"}
-    assert set(kernels.GPU) == set(kernels.FAMILIES)
-    assert set(kernels.GPU.values()) <= {"tuned", "plain"}
-    # The docstring table names every family with its TPU and GPU choices.
-    rows = [line.split() for line in kernels.__doc__.splitlines()]
-    tpu = {r[0]: r[-3] for r in rows if r and r[0] in kernels.FAMILIES}
-    gpu = {r[0]: r[-1] for r in rows if r and r[0] in kernels.FAMILIES}
-    assert tpu == kernels.OFF_CPU
-    assert gpu == kernels.GPU
+def test_table_gives_every_family_a_valid_choice_per_platform():
+    for family in kernels.FAMILIES.values():
+        assert family.tpu in ("tuned", "plain")
+        assert family.gpu in ("tuned", "plain")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_default_is_tuned_on_cpu_and_the_table_elsewhere(family):
     assert kernels.mode(family) == "auto"
     assert kernels.choice(family, "cpu") == "tuned"
-    assert kernels.choice(family, "tpu") == kernels.OFF_CPU[family]
+    assert kernels.choice(family, "tpu") == kernels.FAMILIES[family].tpu
     for platform in ("cuda", "rocm"):
-        assert kernels.choice(family, platform) == kernels.GPU[family]
+        assert kernels.choice(family, platform) == kernels.FAMILIES[family].gpu
 
 
 def test_use_overrides_all_or_some_families_and_restores():
@@ -75,6 +70,11 @@ def test_bad_values_raise_one_line_errors(monkeypatch):
     assert "auto, tuned, plain" in message
 
 
+def _set_entry(monkeypatch, family, **entries):
+    entry = dataclasses.replace(kernels.FAMILIES[family], **entries)
+    monkeypatch.setitem(kernels.FAMILIES, family, entry)
+
+
 def _toy(traces):
     """A jitted function whose two formulations differ by a constant."""
 
@@ -86,7 +86,7 @@ def _toy(traces):
         traces.append("plain")
         return x + 2.0
 
-    return jax.jit(lambda x: kernels.select("loss_mdca", tuned, plain, x))
+    return jax.jit(kernels.dispatch(FAMILIES[0], tuned)(plain))
 
 
 def test_each_mode_compiles_once_and_jit_does_not_reuse_a_stale_choice():
@@ -104,7 +104,7 @@ def test_each_mode_compiles_once_and_jit_does_not_reuse_a_stale_choice():
 
 
 def test_auto_with_a_plain_table_entry_keeps_the_tuned_branch_on_cpu(monkeypatch):
-    monkeypatch.setitem(kernels.OFF_CPU, "loss_mdca", "plain")
+    _set_entry(monkeypatch, FAMILIES[0], tpu="plain", gpu="plain")
     traces = []
     f = _toy(traces)
     np.testing.assert_array_equal(f(jnp.zeros(3)), 1.0)
@@ -119,8 +119,7 @@ def test_auto_with_a_plain_table_entry_keeps_the_tuned_branch_on_cpu(monkeypatch
 
 
 def test_gpu_column_is_separate_from_the_tpu_column(monkeypatch):
-    monkeypatch.setitem(kernels.OFF_CPU, "loss_mdca", "tuned")
-    monkeypatch.setitem(kernels.GPU, "loss_mdca", "plain")
+    _set_entry(monkeypatch, FAMILIES[0], tpu="tuned", gpu="plain")
     f = _toy([])
     spec = jax.ShapeDtypeStruct((3,), jnp.float32)
 
@@ -137,7 +136,7 @@ def test_gpu_column_is_separate_from_the_tpu_column(monkeypatch):
 def test_a_real_family_lowers_to_its_plain_formulation_off_the_cpu(monkeypatch):
     # Rows of 64 classes take the blocked packed-key reduction on the CPU
     # (bitcasts to uint32) and jnp.argmax elsewhere when the table says plain.
-    monkeypatch.setitem(kernels.OFF_CPU, "metric_top_label_blocks", "plain")
+    _set_entry(monkeypatch, "metric_top_label_blocks", tpu="plain")
     specs = (
         jax.ShapeDtypeStruct((16, 64), jnp.float32),
         jax.ShapeDtypeStruct((16,), jnp.int32),

@@ -8,7 +8,8 @@ computation dtype (e.g. ``jnp.bfloat16``) while parameters stay float32.
 
 Models with a ``dropout_rate`` option (:data:`DROPOUT_MODELS`) can be sampled
 at test time with :func:`mc_dropout_logits` / :func:`mc_dropout_predict`
-(MC dropout, Gal and Ghahramani 2016).
+(MC dropout, Gal and Ghahramani 2016). :func:`count_flops` counts a model's
+forward multiply-adds from its convolution and dense shapes (for MFU figures).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from calib_jax.models._cnn import CNN
+from calib_jax.models._flops import FlopCount, count_flops, train_step_flops
 from calib_jax.models._mc_dropout import (
     MCDropoutPrediction,
     count_dropout_layers,
@@ -153,6 +155,7 @@ __all__ = [
     "CNN",
     "DROPOUT_MODELS",
     "DTYPES",
+    "FlopCount",
     "MLP",
     "MODELS",
     "BottleneckResNet",
@@ -161,9 +164,11 @@ __all__ = [
     "WideResNet",
     "check_dtype",
     "count_dropout_layers",
+    "count_flops",
     "from_config",
     "get_model",
     "mc_dropout_average",
     "mc_dropout_logits",
     "mc_dropout_predict",
+    "train_step_flops",
 ]

@@ -22,9 +22,10 @@ that looks wrong). Three kinds of check:
 
 Every error is one line that names the argument, its shape or value and the
 valid range or names: ``TypeError`` for a wrong dtype or type, ``ValueError``
-otherwise. The value messages keep the wording each family has always used
-(``family`` = ``'loss'``, ``'fit'`` or ``'metric'``), which callers and tests
-match on.
+otherwise. Each kind of error has one wording in every package
+(:func:`nonfinite_message`, :func:`label_message`); only the message of a mask
+that excludes every row says what needed the rows (``family`` = ``'loss'``,
+``'fit'`` or ``'metric'``).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def check_labels_dtype(labels, name: str = "labels") -> jax.Array:
 _INT32 = np.iinfo(np.int32)
 
 
-def check_host_labels(labels, num_classes: int, where=None, *, family: str = "fit"):
+def check_host_labels(labels, num_classes: int, where=None):
     """Range check of labels still on the host, before they become a JAX array.
 
     JAX holds class ids as int32 (outside 64-bit mode), so a NumPy int64 or
@@ -112,7 +113,6 @@ def check_host_labels(labels, num_classes: int, where=None, *, family: str = "fi
       num_classes: ``K``.
       where: the caller's mask (already checked) or None; a traced mask
         counts every row as included.
-      family: the wording of the message (:func:`label_message`).
 
     Returns:
       ``labels`` as a NumPy array when it was host data, else unchanged.
@@ -139,9 +139,7 @@ def check_host_labels(labels, num_classes: int, where=None, *, family: str = "fi
         return host
     out = keep.reshape(-1) & ((flat < 0) | (flat >= num_classes))
     row = int(np.argmax(out))
-    raise ValueError(
-        label_message(num_classes, int(flat[row]), row, int(out.sum()), family)
-    )
+    raise ValueError(label_message(num_classes, int(flat[row]), row, int(out.sum())))
 
 
 def check_rank(x, name: str, shape: str) -> None:
@@ -176,7 +174,6 @@ def check_scores_labels(
     rows: str = "N",
     purpose: str = "",
     min_classes_hint: str = "",
-    family: str = "fit",
 ):
     """Static checks of a float ``[rows, K]`` array, its labels and mask.
 
@@ -190,7 +187,6 @@ def check_scores_labels(
       purpose: what needs at least one row, e.g. ``'a metric'``; empty means
         that ``N = 0`` is allowed (a loss of an empty batch is 0).
       min_classes_hint: appended to the ``K < 2`` message.
-      family: the wording of a label message (:func:`label_message`).
 
     Returns:
       ``(x, labels, where)`` as JAX arrays (``where`` may stay None).
@@ -225,7 +221,7 @@ def check_scores_labels(
             f"(K >= 2) are needed{min_classes_hint}."
         )
     where = check_where(where, n, rows=rows)
-    labels = check_host_labels(labels, k, where, family=family)
+    labels = check_host_labels(labels, k, where)
     return x, jnp.asarray(labels), where
 
 
@@ -313,25 +309,16 @@ _NO_ROWS = {
 }
 
 
-def nonfinite_message(name: str, count: int, first: int, family: str) -> str:
+def nonfinite_message(name: str, count: int, first: int) -> str:
     """The one-line message for ``count`` NaN/inf rows, first at ``first``."""
-    if family == "metric":
-        return f"{name} contains NaN or inf in {count} row(s) (first: row {first})."
-    if family == "loss":
-        return f"{name} contain NaN/inf in {count} row(s) (first: row {first})."
-    return f"{name} contain NaN/inf values in {count} row(s) (first at row {first})."
+    return f"{name} contains NaN or inf in {count} row(s) (first: row {first})."
 
 
-def label_message(k: int, label: int, row: int, count: int, family: str) -> str:
+def label_message(k: int, label: int, row: int, count: int) -> str:
     """The one-line message for ``count`` labels outside ``[0, k)``."""
-    if family == "metric":
-        return (
-            f"labels must lie in [0, {k}); found {label} at row {row} ({count} "
-            "label(s) out of range)."
-        )
     return (
         f"labels must lie in [0, K) = [0, {k}); found {label} at row {row} "
-        f"({count} out of range)."
+        f"({count} label(s) out of range)."
     )
 
 
@@ -352,7 +339,8 @@ def raise_for_values(
       summary: the output of :func:`value_summary` (fetched here).
       num_classes: ``K``.
       name: how ``x`` is called in the messages.
-      family: ``'loss'``, ``'fit'`` or ``'metric'``, the wording of the message.
+      family: ``'loss'``, ``'fit'`` or ``'metric'``: what needed the rows, in
+        the message of a mask that excludes every row.
       allow_empty: whether no included row is fine (losses: a zero loss).
     """
     if not is_concrete(*summary):
@@ -363,14 +351,10 @@ def raise_for_values(
             return
         raise ValueError(_NO_ROWS[family])
     if s.nonfinite:
-        raise ValueError(
-            nonfinite_message(name, s.nonfinite, s.first_nonfinite, family)
-        )
+        raise ValueError(nonfinite_message(name, s.nonfinite, s.first_nonfinite))
     if s.bad_labels:
         raise ValueError(
-            label_message(
-                num_classes, s.bad_label, s.first_bad_label, s.bad_labels, family
-            )
+            label_message(num_classes, s.bad_label, s.first_bad_label, s.bad_labels)
         )
 
 
@@ -385,7 +369,7 @@ def _label_summary(labels, num_classes, where):
     return count_true(out)[0], first, labels[first]
 
 
-def check_label_values(labels, num_classes: int, where=None, *, family="fit") -> None:
+def check_label_values(labels, num_classes: int, where=None) -> None:
     """ValueError when a concrete included label lies outside ``[0, K)``.
 
     For callers that read labels without scores to summarise next to them
@@ -398,7 +382,7 @@ def check_label_values(labels, num_classes: int, where=None, *, family="fit") ->
         int(v) for v in jax.device_get(_label_summary(labels, num_classes, where))
     )
     if count:
-        raise ValueError(label_message(num_classes, label, row, count, family))
+        raise ValueError(label_message(num_classes, label, row, count))
 
 
 def check_values(

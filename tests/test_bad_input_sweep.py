@@ -51,8 +51,14 @@ def _with(row: int, value) -> np.ndarray:
 
 
 LOSS_CASES = {
-    "nan": (lambda: (_with(3, np.nan), LABELS), "NaN/inf in 1 row(s) (first: row 3)"),
-    "inf": (lambda: (_with(5, np.inf), LABELS), "NaN/inf in 1 row(s) (first: row 5)"),
+    "nan": (
+        lambda: (_with(3, np.nan), LABELS),
+        "NaN or inf in 1 row(s) (first: row 3)",
+    ),
+    "inf": (
+        lambda: (_with(5, np.inf), LABELS),
+        "NaN or inf in 1 row(s) (first: row 5)",
+    ),
     "label_high": (
         lambda: (LOGITS, np.where(np.arange(16) == 2, 4, LABELS).astype(np.int32)),
         "labels must lie in [0, K) = [0, 4); found 4 at row 2",
@@ -520,7 +526,7 @@ def test_every_calibrator_rejects_infinite_logits(name, sign):
     logits[5, 1] = INFINITIES[sign]
     with pytest.raises(ValueError) as err:
         posthoc.fit(name, logits, labels)
-    assert "logits contain NaN/inf values in 1 row(s) (first at row 5)" in _one_line(
+    assert "logits contains NaN or inf in 1 row(s) (first: row 5)" in _one_line(
         err.value
     )
 
@@ -549,7 +555,7 @@ def test_posthoc_cli_infinite_logits_are_one_line(tmp_path, capsys, sign, which)
     err = capsys.readouterr().err
     assert code == 2
     line = _one_line(err)
-    assert which in line and "NaN/inf values in 1 row(s) (first at row 7)" in line
+    assert which in line and "NaN or inf in 1 row(s) (first: row 7)" in line
     assert not (tmp_path / "out").exists()
 
 

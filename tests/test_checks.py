@@ -108,20 +108,13 @@ def test_value_summary_matches_numpy_and_fuses_under_jit(masked):
     assert tuple(int(v) for v in cheap) == want
 
 
-@pytest.mark.parametrize(
-    "family, message",
-    [
-        ("loss", "logits contain NaN/inf in 2 row(s) (first: row 3)."),
-        ("fit", "logits contain NaN/inf values in 2 row(s) (first at row 3)."),
-        ("metric", "logits contains NaN or inf in 2 row(s) (first: row 3)."),
-    ],
-)
-def test_raise_for_values_nonfinite_wordings(family, message):
+@pytest.mark.parametrize("family", ["loss", "fit", "metric"])
+def test_raise_for_values_nonfinite_one_wording(family):
     x = X.copy()
     x[3, 1] = x[8, 2] = np.nan
     with pytest.raises(ValueError) as err:
         _checks.check_values(jnp.asarray(x), jnp.asarray(Y), family=family)
-    assert str(err.value) == message
+    assert str(err.value) == "logits contains NaN or inf in 2 row(s) (first: row 3)."
 
 
 def test_raise_for_values_labels_and_empty_mask():
@@ -130,10 +123,11 @@ def test_raise_for_values_labels_and_empty_mask():
     with pytest.raises(ValueError) as err:
         _checks.check_values(jnp.asarray(X), jnp.asarray(y))
     assert str(err.value) == (
-        "labels must lie in [0, K) = [0, 5); found 7 at row 4 (2 out of range)."
+        "labels must lie in [0, K) = [0, 5); found 7 at row 4 (2 label(s) out of "
+        "range)."
     )
     with pytest.raises(
-        ValueError, match=r"labels must lie in \[0, 5\); found -2 at row 6"
+        ValueError, match=r"labels must lie in \[0, K\) = \[0, 5\); found -2 at row 6"
     ):
         _checks.check_values(
             jnp.asarray(X), jnp.asarray(y), jnp.arange(12) != 4, family="metric"

@@ -108,8 +108,8 @@ class ConformalPredictor:
             bad = ~np.isfinite(np.asarray(logits)).all(axis=1)
             if bad.any():
                 raise ValueError(
-                    f"logits contain NaN/inf values in {int(bad.sum())} row(s) "
-                    f"(first at row {int(np.argmax(bad))})."
+                    f"logits contains NaN or inf in {int(bad.sum())} row(s) "
+                    f"(first: row {int(np.argmax(bad))})."
                 )
         return logits
 

@@ -83,7 +83,6 @@ def check_probs_labels(probs, labels, where=None, *, values: bool = True):
         name="probs",
         purpose="a metric",
         min_classes_hint=K_HINT,
-        family="metric",
     )
     if values and _checks.is_concrete(probs, labels, where):
         raise_for_summary(_summary_jit(probs, labels, where), probs, labels, where)
@@ -179,9 +178,7 @@ def explain(probs, labels, where) -> None:
     nonfinite, first_nonfinite, low, high, err, worst, worst_sum, n_bad, first_bad = out
     if int(nonfinite):
         raise ValueError(
-            _checks.nonfinite_message(
-                "probs", int(nonfinite), int(first_nonfinite), "metric"
-            )
+            _checks.nonfinite_message("probs", int(nonfinite), int(first_nonfinite))
         )
     tol = simplex_tolerance(probs.dtype)
     hint = " If these are logits, pass jax.nn.softmax(logits, axis=-1)."
@@ -197,9 +194,7 @@ def explain(probs, labels, where) -> None:
         )
     if int(n_bad):
         bad = int(np.asarray(labels)[int(first_bad)])
-        raise ValueError(
-            _checks.label_message(k, bad, int(first_bad), int(n_bad), "metric")
-        )
+        raise ValueError(_checks.label_message(k, bad, int(first_bad), int(n_bad)))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4, 5))
@@ -239,19 +234,23 @@ def check_scores(scores, where=None, *, name: str = "scores"):
     scores = _checks.check_floating(scores, name)
     _checks.check_rank(scores, name, "[N]")
     if scores.shape[0] == 0:
-        raise ValueError(f"{name} is empty (N = 0).")
+        raise ValueError(
+            f"{name} is empty (N = 0): a metric needs at least one sample."
+        )
     where = _checks.check_where(where, scores.shape[0])
     if _checks.is_concrete(scores, where):
-        bad, included = (int(v) for v in _score_summary(scores, where))
+        bad, first, included = (int(v) for v in _score_summary(scores, where))
         if included == 0:
-            raise ValueError(f"where excludes every row of {name}.")
+            raise ValueError(
+                "where excludes every row: a metric needs at least one sample."
+            )
         if bad:
-            raise ValueError(f"{name} contains {bad} NaN/inf value(s).")
+            raise ValueError(_checks.nonfinite_message(name, bad, first))
     return scores, where
 
 
 @jax.jit
 def _score_summary(scores, where):
     valid = jnp.ones(scores.shape, bool) if where is None else where
-    bad = jnp.sum(valid & ~jnp.isfinite(scores))
-    return bad, jnp.sum(valid)
+    bad = valid & ~jnp.isfinite(scores)
+    return jnp.sum(bad), jnp.argmax(bad), jnp.sum(valid)

@@ -208,7 +208,7 @@ def test_calibration_set_too_small_for_alpha():
     "make, pattern",
     [
         (lambda z, y: (np.where(np.arange(300)[:, None] == 4, np.nan, z), y),
-         r"NaN/inf values in 1 row\(s\) \(first at row 4\)"),
+         r"NaN or inf in 1 row\(s\) \(first: row 4\)"),
         (lambda z, y: (z, np.where(np.arange(300) == 2, 8, y)),
          r"labels must lie in \[0, K\) = \[0, 8\); found 8 at row 2"),
         (lambda z, y: (z, y[:-1]), "has 300 rows but labels has 299"),
@@ -230,9 +230,7 @@ def test_predict_bad_input_is_one_line():
     with pytest.raises(ValueError, match=r"shape \[N, 8\] .* got shape \(300, 7\)"):
         pred.predict_sets(ZT[:, :7], key=jax.random.key(1))
     bad = np.where(np.arange(300)[:, None] == 9, np.inf, ZT).astype(np.float32)
-    with pytest.raises(
-        ValueError, match=r"NaN/inf values in 1 row\(s\) \(first at row 9"
-    ):
+    with pytest.raises(ValueError, match=r"NaN or inf in 1 row\(s\) \(first: row 9"):
         pred.predict_sets(bad, key=jax.random.key(1))
     with pytest.raises(TypeError, match="sets must be a bool array"):
         conformal.coverage(np.ones((3, 2), np.int32), np.zeros(3, np.int32))

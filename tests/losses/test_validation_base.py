@@ -45,7 +45,7 @@ def test_value_checks_skip_excluded_rows_and_tracers():
     logits = np.zeros((3, 2), np.float32)
     logits[1, 0] = np.nan
     vb.prepare(logits, [0, 5, 1], [True, False, True])  # row 1 is excluded
-    with pytest.raises(ValueError, match=r"NaN/inf in 1 row\(s\) \(first: row 1\)"):
+    with pytest.raises(ValueError, match=r"NaN or inf in 1 row\(s\) \(first: row 1\)"):
         vb.prepare(logits, [0, 1, 1])
     out = jax.jit(lambda z, y: vb.prepare(z, y)[0])(logits, np.array([0, 9, 1]))
     assert np.isnan(np.asarray(out)[1, 0])

@@ -28,7 +28,7 @@ def test_bad_probabilities(bad, message):
 
 
 def test_bad_labels_and_shapes():
-    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, K\) = \[0, 3\)"):
         metrics.ece(PROBS, np.full(20, 3, np.int32))
     with pytest.raises(ValueError, match="out of range"):
         metrics.classwise_ece(PROBS, np.full(20, -1, np.int32))

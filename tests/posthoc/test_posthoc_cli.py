@@ -225,7 +225,7 @@ def test_bad_workdirs_and_flags_are_one_line(tmp_path, capsys):
          "logits/test.npz: the run has not finished")),
         (("--workdir", no_val, *m), "no logits/val.npz to fit on"),
         (("--workdir", nan, *m), (f"--workdir file '{nan}/logits/shift_gaussian_noise"
-         "_3.npz': logits contain NaN/inf values in 1 row(s) (first at row 7)")),
+         "_3.npz': logits contains NaN or inf in 1 row(s) (first: row 7)")),
         (("--workdir", narrow, *m), ("shift_contrast_1.npz' has K = 3 classes but "
          "the val logits have K = 5")),
         (("--workdir", good, "--val", "v.npz", *m), ("--workdir, or --val and "

@@ -77,9 +77,7 @@ def test_fused_value_check_names_the_first_bad_row(name, variant):
     fit = getattr(posthoc, f"fit_{name}")
     bad = z.copy()
     bad[[17, 40], 2] = [np.inf, np.nan]
-    with pytest.raises(
-        ValueError, match=r"NaN/inf values in 2 row\(s\) \(first at row 17\)"
-    ):
+    with pytest.raises(ValueError, match=r"NaN or inf in 2 row\(s\) \(first: row 17\)"):
         fit(bad, y, variant=variant)
     where = np.ones(300, bool)
     where[17] = False
@@ -87,7 +85,9 @@ def test_fused_value_check_names_the_first_bad_row(name, variant):
         fit(bad, y, where=where, variant=variant)
     bad_y = y.copy()
     bad_y[5] = 4
-    with pytest.raises(ValueError, match=r"found 4 at row 5 \(1 out of range\)"):
+    with pytest.raises(
+        ValueError, match=r"found 4 at row 5 \(1 label\(s\) out of range\)"
+    ):
         fit(z, bad_y, variant=variant)
     with pytest.raises(ValueError, match="where excludes every row"):
         fit(z, y, where=np.zeros(300, bool), variant=variant)

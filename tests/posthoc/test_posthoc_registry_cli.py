@@ -35,7 +35,7 @@ def test_registry_names_and_unknown_name():
 BAD_ARRAYS = {
     "nan": (
         lambda z, y: (np.where(np.arange(len(y))[:, None] == 3, np.nan, z), y),
-        "NaN/inf values in 1 row",
+        "NaN or inf in 1 row",
     ),
     "labels": (
         lambda z, y: (z, np.where(np.arange(len(y)) == 5, 7, y)),
@@ -173,8 +173,8 @@ def test_cli_bad_inputs_fail_with_one_line_and_no_traceback(files, capsys):
         f"bad_{case}": ((files / f"bad_{case}.npz", test, "ts"), pattern)
         for case, (_, pattern) in BAD_ARRAYS.items()
     }
-    cases["bad_inf"] = ((files / "bad_inf.npz", test, "ts"), "NaN/inf values in")
-    cases["inf_test"] = ((val, files / "bad_inf.npz", "ts"), "--test file .*NaN/inf")
+    cases["bad_inf"] = ((files / "bad_inf.npz", test, "ts"), "NaN or inf in")
+    cases["inf_test"] = ((val, files / "bad_inf.npz", "ts"), "--test file .*NaN or inf")
     cases["missing_key"] = (
         (files / "no_labels.npz", test, "ts"),
         "has no array 'labels' \\(it has: logits, targets\\)",

@@ -107,14 +107,14 @@ def test_every_method_fits_in_x64_as_in_x32():
     errors = child["errors"]
     for what in ("ts nan", "ets nan"):
         assert errors[what] == (
-            "ValueError: logits contain NaN/inf values in 1 row(s) (first at row 4)."
+            "ValueError: logits contains NaN or inf in 1 row(s) (first: row 4)."
         ), what
     for what in ("ts label", "fit_temperature label", "conformal label"):
         assert errors[what].startswith(
             f"ValueError: labels must lie in [0, K) = [0, 3); found {2**40} at row 6"
         ), (what, errors[what])
     assert errors["ece label"].startswith(
-        f"ValueError: labels must lie in [0, 3); found {2**40} at row 6"
+        f"ValueError: labels must lie in [0, K) = [0, 3); found {2**40} at row 6"
     )
     assert errors["coverage label"].startswith(
         f"ValueError: labels must lie in [0, K) = [0, 3); found {2**40} at row 6"

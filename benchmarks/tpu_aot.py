@@ -16,8 +16,9 @@ on ``--ce-topologies`` (default v5e:16x16), it builds the step with the
 trainer's own builder (:func:`calib_jax.train.sharded_step.build_sharded_step`:
 model, loss terms, optimizer, shardings, donation) on a ``"data"`` mesh of the
 topology's devices, lowers it for the config's global batch and compiles it
-with libtpu. It records per-device memory against the chip's HBM, FLOPs and
-bytes accessed from the cost analysis, a roofline step time and images/s, and
+with libtpu. It records per-device memory against the chip's HBM, the model
+FLOPs (:func:`calib_jax.models.train_step_flops`), FLOPs and bytes accessed
+from the cost analysis, a roofline step time and images/s, and
 the collectives of the compiled HLO. A global batch the slice cannot split
 evenly is raised to the next multiple of its device count (marked in the
 table). Writes the ``## TPU ahead-of-time compile`` section of
@@ -132,11 +133,13 @@ def compile_entry(config, topology: str):
     """Compiles the step(s) of ``config`` for ``topology``.
 
     Returns:
-      ``(analyses, global_batch, seconds)``: one :class:`_tpu.Analysis` per
-      jitted step (two for interleaved training: the primary and the
-      secondary objective's step).
+      ``(analyses, global_batch, seconds, model_flops)``: one
+      :class:`_tpu.Analysis` per jitted step (two for interleaved training: the
+      primary and the secondary objective's step), and the model FLOPs of one
+      step per device (:func:`calib_jax.models.train_step_flops` at the
+      per-device batch).
     """
-    from calib_jax import data
+    from calib_jax import data, models
     from calib_jax.train import sharded_step
 
     mesh = _tpu.topology_mesh(topology)
@@ -157,10 +160,14 @@ def compile_entry(config, topology: str):
             continue
         compiled = fn.lower(steps.abstract_state, steps.abstract_batch).compile()
         analyses.append(_tpu.analyze(compiled, chip, batch))
-    return analyses, batch, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    model = models.from_config(config.model, num_classes=info.num_classes)
+    per_device = batch // mesh.devices.size
+    model_flops = models.train_step_flops(model, info.image_shape, per_device)
+    return analyses, batch, seconds, model_flops
 
 
-def _row(name, method, topology, devices, batch, asked, a: _tpu.Analysis, secs):
+def _row(name, method, topology, devices, batch, asked, a, secs, model_flops):
     m = a.memory
     mark = "" if batch == asked else f" (asked {asked})"
     return (
@@ -168,7 +175,8 @@ def _row(name, method, topology, devices, batch, asked, a: _tpu.Analysis, secs):
         f"| {m.argument / _tpu.GIB:.3f} / {(m.output - m.alias) / _tpu.GIB:.3f} / "
         f"{m.temp / _tpu.GIB:.3f} / {m.total / _tpu.GIB:.3f} "
         f"| {'yes' if a.fits else '**no**'} ({a.chip.hbm_bytes // _tpu.GIB} GiB) "
-        f"| {a.flops / 1e9:.1f} | {a.bytes_accessed / 1e9:.2f} "
+        f"| {model_flops / 1e9:.1f} | {a.flops / 1e9:.1f} "
+        f"| {a.bytes_accessed / 1e9:.2f} "
         f"| {a.step_seconds * 1e3:.2f} | {a.images_per_second:,.0f} "
         f"| {_tpu.summarize(a.collectives)} | {secs:.0f} |"
     )
@@ -177,9 +185,10 @@ def _row(name, method, topology, devices, batch, asked, a: _tpu.Analysis, secs):
 HEADER = (
     "| config | objective | topology (chips) | global batch | per-device GiB: "
     "arguments / outputs (not donated) / temporaries / total | fits HBM "
-    "| GFLOPs/device | GB accessed/device | roofline ms/step | images/s "
-    "| collectives (per step, per device) | compile s |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| model GFLOPs/device | XLA GFLOPs/device | GB accessed/device "
+    "| roofline ms/step | images/s | collectives (per step, per device) "
+    "| compile s |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -206,10 +215,14 @@ def _body(rows, failures, topologies, machine, done, total) -> str:
             "`data` mesh of all chips) lowered for the config's global batch of "
             "CIFAR 32x32x3 images "
             "(uint8 images, converted on the device as the trainer does; "
-            "float32 model as the configs ship). Memory, FLOPs and bytes are per device, "
-            "from the compiled executable's `memory_analysis()` and "
-            "`cost_analysis()`; total memory = arguments + outputs - donated "
-            "aliases + temporaries + generated code. Roofline ms/step = "
+            "float32 model as the configs ship). Memory, FLOPs and bytes are per device. "
+            "Model GFLOPs = `calib_jax.models.train_step_flops` at the per-device "
+            "batch (3 x 2 x the multiply-adds of the convolution and dense "
+            "shapes); XLA GFLOPs and bytes are the compiled executable's "
+            "`cost_analysis()`, which on TPU counts the convolutions (XLA emits "
+            "them itself; on a GPU, where cuDNN runs them, it does not), and "
+            "memory its `memory_analysis()`; total memory = arguments + outputs "
+            "- donated aliases + temporaries + generated code. Roofline ms/step = "
             "max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) of one chip, a lower "
             "bound that ignores the collectives' time; images/s = global batch / "
             f"that time. Chip figures (Cloud TPU documentation): {chips}. "
@@ -327,7 +340,7 @@ def main(argv=None) -> int:
     for i, ((name, method, config), topology) in enumerate(work, 1):
         print(f"[{i}/{len(work)}] {name} {method} on {topology} ...", flush=True)
         try:
-            analyses, batch, secs = compile_entry(config, topology)
+            analyses, batch, secs, model_flops = compile_entry(config, topology)
         except Exception as e:  # noqa: BLE001 - recorded, the others still run
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             failures.append(f"{name} {method} {topology}: {type(e).__name__}: {first}")
@@ -337,12 +350,23 @@ def main(argv=None) -> int:
         for j, a in enumerate(analyses):
             label = method if j == 0 else f"{method} (secondary step)"
             rows.append(
-                _row(name, label, topology, devices, batch, config.batch_size, a, secs)
+                _row(
+                    name,
+                    label,
+                    topology,
+                    devices,
+                    batch,
+                    config.batch_size,
+                    a,
+                    secs,
+                    model_flops,
+                )
             )
             print(
                 f"    {secs:.0f} s: {a.memory.total / _tpu.GIB:.3f} GiB/device "
                 f"({'fits' if a.fits else 'DOES NOT FIT'}), "
-                f"{a.flops / 1e9:.1f} GFLOPs, {a.bytes_accessed / 1e9:.2f} GB, "
+                f"{a.flops / 1e9:.1f} GFLOPs (model {model_flops / 1e9:.1f}), "
+                f"{a.bytes_accessed / 1e9:.2f} GB, "
                 f"{a.step_seconds * 1e3:.2f} ms, {a.images_per_second:,.0f} img/s; "
                 f"{_tpu.summarize(a.collectives)}",
                 flush=True,

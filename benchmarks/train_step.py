@@ -166,7 +166,7 @@ def main(argv=None) -> None:
             f"| {name} | {terms} | {times[name] * 1e3:.2f} | "
             f"{args.batch / times[name]:,.0f} | {ratio:.3f}x | "
             f"{alone[name] * 1e6:.1f} | {100 * extra:+.3f}% | "
-            f"{achieved / 1e12:.3f} |" + (f" {achieved / peak:.1%} |" if peak else "")
+            f"{achieved / 1e12:.2f} |" + (f" {achieved / peak:.1%} |" if peak else "")
         )
     over = [n for n in names if (alone[n] - alone["ce"]) / base > TARGET - 1]
     xla_flops, moved = costs.get("flops", 0.0), costs.get("bytes accessed", 0.0)

@@ -14,6 +14,7 @@ PACKAGE = ROOT / "calib_jax"
 LAYERS = (
     "_checks",
     "_memory",
+    "_cli",
     "kernels",
     "storage",
     "progress",
@@ -172,10 +173,7 @@ LAZY = {
     # Command lines: the heavy modules load after absl has parsed the flags,
     # so a wrong flag fails at once.
     ("calib_jax.benchmark.__main__", "calib_jax.benchmark.runner"),
-    ("calib_jax.benchmark.__main__", "calib_jax.train.checkpoint"),
-    ("calib_jax.benchmark.__main__", "calib_jax.train.loop"),
     ("calib_jax.evaluate.__main__", "calib_jax.evaluate._run"),
-    ("calib_jax.train.__main__", "calib_jax.train.checkpoint"),
     ("calib_jax.train.__main__", "calib_jax.train.loop"),
     # ... and the model's options named when a --config.model.kwargs.x fails.
     ("calib_jax.train.cli", "calib_jax.models"),

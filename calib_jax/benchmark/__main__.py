@@ -21,14 +21,12 @@ one line and exits with status 0, as the trainer does; rerunning resumes.
 
 from __future__ import annotations
 
-import logging
-import sys
-
 from absl import app, flags
 from ml_collections import config_flags
 
+from calib_jax import _cli
 from calib_jax.train import distributed  # defines the multi-host flags
-from calib_jax.train.cli import fail, interrupted, parse_flags
+from calib_jax.train.cli import RESUME, load_config, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -44,34 +42,15 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     del argv
-    from calib_jax.benchmark.runner import Preempted, run  # after flag parsing
-    from calib_jax.train.checkpoint import CheckpointSaveError
-    from calib_jax.train.loop import Interrupted, MetricsWriteError
+    config = load_config(_CONFIG)
+    _cli.finish(_cli.run_main(lambda: _benchmark(config), interrupted=RESUME))
 
-    # absl shows INFO records of every library; fsspec logs one per remote read.
-    for name in ("absl", "fsspec"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    try:
-        config = _CONFIG.value
-        config.keys()  # a config file that failed to load raises here
-    except Exception as e:  # noqa: BLE001 - config files are loaded lazily
-        fail(f"could not load --config: {e}")
-    try:
-        distributed.initialize_from_flags()  # before any JAX computation
-        path = run(config, _WORKDIR.value)
-    except ValueError as e:
-        fail(str(e))
-    except FloatingPointError as e:  # a training cell diverged
-        fail(str(e), status=3)
-    except (CheckpointSaveError, MetricsWriteError) as e:  # rerun resumes
-        fail(str(e), status=4, at_once=True)  # stalled writes may never end
-    except Interrupted as e:  # Ctrl-C in a cell's training: a checkpoint was saved
-        interrupted(str(e))
-    except Preempted as e:  # SIGTERM, as the trainer: saved, exit status 0
-        print(str(e), file=sys.stderr)
-        return
-    except KeyboardInterrupt:
-        interrupted()
+
+def _benchmark(config) -> None:
+    from calib_jax.benchmark.runner import run  # after flag parsing
+
+    distributed.initialize_from_flags()  # before any JAX computation
+    path = run(config, _WORKDIR.value)
     import jax  # already imported by the runner
 
     if jax.process_index() == 0:

@@ -28,7 +28,7 @@ from ml_collections import ConfigDict
 
 from calib_jax import models
 from calib_jax import progress as progress_lib
-from calib_jax import storage, tensorboard
+from calib_jax import _cli, storage, tensorboard
 from calib_jax import train as train_lib
 from calib_jax.benchmark import evaluate, events, grid, report
 from calib_jax.train import workdir as workdir_lib
@@ -193,8 +193,11 @@ def _summary_line(method: str, seed: int, rows: list[dict], seconds: float) -> s
     return text + f"  ({seconds:.0f} s)"
 
 
-class Preempted(Exception):  # noqa: N818 - a requested stop, not an error
-    """SIGTERM stopped a cell's training after its checkpoint was saved."""
+class Preempted(_cli.Stopped):
+    """SIGTERM stopped a cell's training after its checkpoint was saved
+    (exit status 0, as the trainer's)."""
+
+    status = 0
 
 
 def ensure_trained(

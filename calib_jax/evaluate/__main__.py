@@ -17,15 +17,12 @@ status 2; Ctrl-C prints ``interrupted`` and exits with status 130.
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-
 from absl import app, flags
 from ml_collections import config_flags
 
+from calib_jax import _cli
 from calib_jax.train import distributed  # defines the multi-host flags
-from calib_jax.train.cli import fail, parse_flags
+from calib_jax.train.cli import load_config, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -61,30 +58,23 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     del argv
+    config = load_config(_CONFIG)
+    _cli.finish(_cli.run_main(lambda: _evaluate(config)))
+
+
+def _evaluate(config) -> None:
     from calib_jax.evaluate._run import run  # after flag parsing
 
-    for name in ("absl", "fsspec"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    try:
-        config = _CONFIG.value
-        config.keys()  # a config file that failed to load raises here
-    except Exception as e:  # noqa: BLE001 - config files are loaded lazily
-        fail(f"could not load --config: {e}")
-    try:
-        distributed.initialize_from_flags()  # before any JAX computation
-        results, out = run(
-            config,
-            _WORKDIR.value,
-            out=_OUT.value,
-            from_logits=_FROM_LOGITS.value,
-            overwrite=_OVERWRITE.value,
-            mc_dropout_samples=_MC_SAMPLES.value,
-            mc_dropout_seed=_MC_SEED.value,
-        )
-    except ValueError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        _interrupted()
+    distributed.initialize_from_flags()  # before any JAX computation
+    results, out = run(
+        config,
+        _WORKDIR.value,
+        out=_OUT.value,
+        from_logits=_FROM_LOGITS.value,
+        overwrite=_OVERWRITE.value,
+        mc_dropout_samples=_MC_SAMPLES.value,
+        mc_dropout_seed=_MC_SEED.value,
+    )
     import jax  # already imported by the run
 
     if jax.process_index() != 0:
@@ -95,20 +85,6 @@ def main(argv):
     for key in shown:
         print(f"{key:28s} {results[key]:.4f}")
     print(f"written to {out}")
-
-
-# The exit status of a command stopped by Ctrl-C (128 + SIGINT).
-EXIT_INTERRUPTED = 130
-
-
-def _interrupted() -> None:
-    """Ctrl-C: one line and exit status 130. Every output is written whole
-    under a temporary name first, so none is left half-written; the process
-    ends without waiting for its input threads."""
-    print("interrupted", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(EXIT_INTERRUPTED)
 
 
 def run():

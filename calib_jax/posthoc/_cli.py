@@ -50,17 +50,15 @@ import jax
 import numpy as np
 from absl import flags
 
+from calib_jax import _cli as entry
 from calib_jax import posthoc, storage
 from calib_jax import progress as progress_lib
 from calib_jax.posthoc import _binary, _temperature, _validate
 from calib_jax.posthoc import _cli_files as files
 from calib_jax.posthoc import _cli_report as report
-from calib_jax.posthoc._cli_files import StorageError, UserError
+from calib_jax._cli import UserError
 
 PROG = "python -m calib_jax.posthoc"
-EXIT_USAGE = 2
-EXIT_STORAGE = 4  # an output could not be written (the trainer's code too)
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 # Seconds between progress lines when stderr is not a terminal.
 LOG_INTERVAL = 30.0
 _HELP = ("-h", "--help", "-help", "--helpfull", "--helpshort")
@@ -206,14 +204,10 @@ def _progress(total: int, first: str):
     )
 
 
-def _one_line(text: str) -> str:
-    return " ".join(ln.strip() for ln in str(text).splitlines() if ln.strip())
-
-
 def _warn(line: str) -> None:
     from tqdm import tqdm
 
-    tqdm.write(f"warning: {_one_line(line)}", file=sys.stderr)
+    tqdm.write(f"warning: {entry.one_line(line)}", file=sys.stderr)
 
 
 def _fit(name, val, seed):
@@ -231,7 +225,7 @@ def _fit(name, val, seed):
     notes = []
     for w in caught:
         if issubclass(w.category, posthoc.SuspiciousFitWarning):
-            notes.append(_one_line(str(w.message)))
+            notes.append(entry.one_line(str(w.message)))
             _warn(notes[-1])
         else:  # shown as they would have been
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
@@ -369,25 +363,17 @@ def _score(name, fitted, splits, data, out, fv, bar, written) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: parses ``argv`` (default ``sys.argv[1:]``), runs, and
-    returns the exit status: 0, 2 for a user error, 4 for an output that
-    could not be written, 130 for Ctrl-C (the last two remove the outputs
-    the run had created)."""
+    returns the exit status (:func:`calib_jax._cli.run_main`): 0, 2 for a
+    user error, 4 for an output that could not be written, 130 for Ctrl-C
+    (the last two remove the outputs the run had created)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    return entry.run_main(lambda: _main(argv))
+
+
+def _main(argv: list[str]) -> int:
     try:
-        return run(parse_flags(argv))
+        fv = parse_flags(argv)
     except _Help as text:
         print(text)
         return 0
-    except UserError as err:
-        print(f"error: {_one_line(str(err))}", file=sys.stderr)
-        return EXIT_USAGE
-    except StorageError as err:
-        print(
-            f"error: {_one_line(str(err))} No output of this run was kept; rerun "
-            "once the storage is writable.",
-            file=sys.stderr,
-        )
-        return EXIT_STORAGE
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return run(fv)

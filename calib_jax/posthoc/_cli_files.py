@@ -19,7 +19,8 @@ from typing import NamedTuple
 import numpy as np
 from etils import epath
 
-from calib_jax import _memory, storage
+from calib_jax import _cli, _memory, storage
+from calib_jax._cli import UserError
 from calib_jax.posthoc import _matrix
 
 TABLE = "table.md"
@@ -34,13 +35,16 @@ _BIN_BYTES = 20
 _SQUARE = ("matrix", "dirichlet")
 
 
-class UserError(Exception):
-    """An error in the command line or the input files (exit status 2)."""
-
-
-class StorageError(Exception):
+class StorageError(_cli.StorageWriteError):
     """An output that could not be written: a full disk, a lost connection
-    (exit status 4, as the trainer's failed checkpoint save)."""
+    (exit status 4, as the trainer's failed checkpoint save). The command
+    removes what it had written, which the message says."""
+
+    def __str__(self) -> str:
+        return (
+            f"{super().__str__()} No output of this run was kept; rerun once the "
+            "storage is writable."
+        )
 
 
 class Split(NamedTuple):

@@ -19,13 +19,12 @@ one line and 130); rerunning resumes.
 
 from __future__ import annotations
 
-import logging
-
 from absl import app, flags
 from ml_collections import config_flags
 
+from calib_jax import _cli
 from calib_jax.train import distributed  # defines the multi-host flags
-from calib_jax.train.cli import fail, interrupted, parse_flags
+from calib_jax.train.cli import RESUME, load_config, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a config file (optionally ':arg').", lock_config=True
@@ -38,33 +37,15 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     del argv
-    from calib_jax.train.checkpoint import CheckpointSaveError  # after flag parsing
-    from calib_jax.train.loop import Interrupted, MetricsWriteError, train_and_evaluate
+    config = load_config(_CONFIG)
+    _cli.finish(_cli.run_main(lambda: _train(config), interrupted=RESUME))
 
-    # absl shows INFO records of every library; fsspec logs one per remote read.
-    for name in ("absl", "fsspec"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    try:
-        config = _CONFIG.value
-        config.keys()  # a file that failed to load raises on first access
-    except Exception as e:  # noqa: BLE001 - config files are loaded lazily here
-        fail(f"could not load --config: {e}")
-    try:
-        distributed.initialize_from_flags()  # before any JAX computation
-    except ValueError as e:
-        fail(str(e))
-    try:
-        summary = train_and_evaluate(config, _WORKDIR.value)
-    except ValueError as e:
-        fail(str(e))
-    except FloatingPointError as e:  # a diverged run (see calib_jax.train.loop)
-        fail(str(e), status=3)
-    except (CheckpointSaveError, MetricsWriteError) as e:  # rerun resumes
-        fail(str(e), status=4, at_once=True)  # stalled writes may never end
-    except Interrupted as e:  # Ctrl-C: a checkpoint was saved
-        interrupted(str(e))
-    except KeyboardInterrupt:
-        interrupted()
+
+def _train(config) -> None:
+    from calib_jax.train.loop import train_and_evaluate  # after flag parsing
+
+    distributed.initialize_from_flags()  # before any JAX computation
+    summary = train_and_evaluate(config, _WORKDIR.value)
     import jax  # already imported by the loop
 
     if jax.process_index() != 0:

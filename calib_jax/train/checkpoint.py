@@ -10,7 +10,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from calib_jax import storage
+from calib_jax import _cli, storage
 from calib_jax.train import checksums
 from calib_jax.train.state import TrainState
 
@@ -22,7 +22,7 @@ class DamagedCheckpoint(Exception):
     """A checkpoint whose bytes do not restore, or restore other numbers."""
 
 
-class CheckpointSaveError(OSError):
+class CheckpointSaveError(_cli.StorageWriteError):
     """Storage failed while a checkpoint was written; its message is one line."""
 
 

@@ -1,7 +1,7 @@
 """Shared pieces of the command-line entry points (train, evaluate, benchmark).
 
 All three load an ml_collections config file with ``--config`` and turn every
-user error into one line on stderr and exit status 2. ``--config`` takes a
+user error into one line on stderr and exit status 2 (:mod:`calib_jax._cli`). ``--config`` takes a
 path or the name of a config shipped in the package (``calib_jax.configs``,
 the repository's ``configs/`` directory), so the commands work from any
 directory after ``pip install``.
@@ -9,12 +9,13 @@ directory after ``pip install``.
 
 from __future__ import annotations
 
-import os
-import sys
+import logging
 from collections.abc import Sequence
 
 from absl import flags
 from etils import epath
+
+from calib_jax._cli import fail
 
 # Modules of the configs directory that are not configs.
 _NOT_CONFIGS = ("__init__", "common")
@@ -74,48 +75,24 @@ def _with_resolved_config(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def fail(message: str, status: int = 2, *, at_once: bool = False) -> None:
-    """Prints a one-line error and exits with ``status`` (2: a user error).
-
-    A message that carries a traceback (a config file that raised) is cut to its
-    last line, which names the actual problem; other multi-line messages are
-    joined into one line. ``at_once`` ends the process without waiting for
-    its other threads (writes to a storage that stalled may never return).
-    """
-    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
-    if any(ln.startswith("Traceback") for ln in lines):
-        line = f"{lines[0].split(':', 1)[0]}: {lines[-1]}"
-    else:
-        line = " ".join(lines) or "unknown error"
-    print(f"error: {line}", file=sys.stderr)
-    if at_once:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    sys.exit(status)
+# The line of a Ctrl-C that stopped a run outside its training steps.
+RESUME = (
+    "interrupted; rerun the same command to resume from the last complete checkpoint."
+)
 
 
-# The exit status of a run stopped by SIGINT (128 + the signal's number).
-INTERRUPTED_STATUS = 130
-
-
-def interrupted(message: str | None = None) -> None:
-    """Ends a run stopped by Ctrl-C (SIGINT) with one line and exit status 130.
-
-    ``message`` says what was saved; without it the run stopped where it
-    was, and a rerun resumes from its last complete checkpoint. The process
-    ends without waiting for its other threads (an input prefetch or a
-    checkpoint write the signal cut short).
-    """
-    if message is None:
-        message = (
-            "interrupted; rerun the same command to resume from the last "
-            "complete checkpoint."
-        )
-    print(message, file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(INTERRUPTED_STATUS)
+def load_config(flag):
+    """The config of a ``config_flags`` holder; a file that failed to load
+    (it is loaded lazily, on first access) ends the process with one line."""
+    # absl shows INFO records of every library; fsspec logs one per remote read.
+    for name in ("absl", "fsspec"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        config = flag.value
+        config.keys()
+    except Exception as e:  # noqa: BLE001 - any error of the config file
+        fail(f"could not load --config: {e}")
+    return config
 
 
 def model_options(name: str) -> list[str]:

@@ -17,18 +17,19 @@ from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
 
 from calib_jax import progress as progress_lib
-from calib_jax import storage, tensorboard
+from calib_jax import _cli, storage, tensorboard
 from calib_jax.data import prefetch
 from calib_jax.train import setup as setup_lib
 from calib_jax.train import workdir as workdir_lib
 from calib_jax.train.checkpoint import Checkpointer, CheckpointSaveError
 
 
-class Interrupted(Exception):  # noqa: N818 - it is not an error of the run
-    """SIGINT (Ctrl-C) stopped the run after saving a checkpoint; one-line message."""
+class Interrupted(_cli.Stopped):
+    """SIGINT (Ctrl-C) stopped the run after saving a checkpoint (exit
+    status 130); one-line message."""
 
 
-class MetricsWriteError(OSError):
+class MetricsWriteError(_cli.StorageWriteError):
     """Storage failed while ``metrics.jsonl`` was appended; its message is one line."""
 
 

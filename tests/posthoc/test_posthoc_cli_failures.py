@@ -18,7 +18,7 @@ import pytest
 from etils import epath
 from posthoc._data import overconfident
 
-from calib_jax import _memory, posthoc, storage
+from calib_jax import _cli, _memory, posthoc, storage
 from calib_jax.posthoc import _cli as posthoc_cli
 from calib_jax.posthoc import _cli_files, _dirichlet
 
@@ -82,7 +82,7 @@ def test_a_full_disk_leaves_no_output_and_the_rerun_works(
     with monkeypatch.context() as patch:
         _fail_writing(patch, "test.npz", full)
         code, stdout, stderr = _main(capsys, inputs, "--method", "ts:nll", "--out", out)
-    assert code == posthoc_cli.EXIT_STORAGE == 4
+    assert code == _cli.EXIT_STORAGE == 4
     assert "Traceback" not in stderr and stdout == ""
     assert stderr.strip().splitlines()[-1] == (
         f"error: cannot write '{out}/calibrated/ts_nll/test.npz': No space left on "
@@ -108,7 +108,7 @@ def test_ctrl_c_is_one_line_and_leaves_no_output(inputs, tmp_path, capsys, monke
 
         patch.setattr(posthoc, "fit", interrupted)
         code, _, stderr = _main(capsys, inputs, "--method", "ts:nll", "--out", out)
-    assert code == posthoc_cli.EXIT_INTERRUPTED == 130
+    assert code == _cli.EXIT_INTERRUPTED == 130
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     assert stderr.strip().splitlines()[-1] == "interrupted"
     assert _files(out) == []

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.extend import core as jax_core
 
 # One FLOP per output element (or, for reductions, per input element).
 _ELEMENTWISE = frozenset(
@@ -90,9 +91,9 @@ def _dot_macs(eqn) -> int:
 
 
 def _subjaxprs(value):
-    if isinstance(value, jax.extend.core.ClosedJaxpr):
+    if isinstance(value, jax_core.ClosedJaxpr):
         yield value.jaxpr
-    elif isinstance(value, jax.extend.core.Jaxpr):
+    elif isinstance(value, jax_core.Jaxpr):
         yield value
     elif isinstance(value, (tuple, list)):
         for v in value:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import logging
 import math
 import os
@@ -424,6 +425,32 @@ def append_text(path: str | os.PathLike, text: str) -> None:
         return
     old = path.read_text() if path.exists() else ""
     path.write_text(old + text)
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The records of a JSONL file (local or in an object store), in order.
+
+    Every line is one JSON object; blank lines are skipped. A last line
+    without its newline is an append that was cut short (a local append is
+    not atomic) and is left out, as the writer of ``metrics.jsonl`` drops it.
+
+    Raises:
+      ValueError: another line that is not a JSON object (one line naming
+        the file and the line).
+    """
+    lines = as_path(path).read_text().split("\n")
+    rows = []
+    for number, line in enumerate(lines[:-1], start=1):  # lines[-1]: cut short
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: line {number} is not a JSON object record.")
+        rows.append(row)
+    return rows
 
 
 def save_npz(path: str | os.PathLike, **arrays: np.ndarray) -> None:

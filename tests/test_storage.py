@@ -125,6 +125,21 @@ def test_append_and_make_dirs_local(tmp_path):
     assert path.read_text() == "0\n1\n2\n"
 
 
+def test_read_jsonl_drops_a_line_cut_short_and_names_a_bad_one(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "x": 0.5}\n\n{"step": 2}\n{"step": 3')
+    assert storage.read_jsonl(str(path)) == [{"step": 1, "x": 0.5}, {"step": 2}]
+    path.write_text('{"step": 3}')  # even a whole object: its newline is missing
+    assert storage.read_jsonl(path) == []
+    path.write_text("")
+    assert storage.read_jsonl(path) == []
+    for bad in ('{"step": 1}\n{"step": \n{"step": 3}\n', '{"step": 1}\n[2]\n'):
+        path.write_text(bad)
+        with pytest.raises(ValueError) as err:
+            storage.read_jsonl(path)
+        assert str(err.value) == f"{path}: line 2 is not a JSON object record."
+
+
 def _npy_bytes(array: np.ndarray, version=None) -> bytes:
     buf = io.BytesIO()
     np.lib.format.write_array(buf, array, version=version)
@@ -214,6 +229,8 @@ def test_gs_whole_writes_appends_and_npz(gcs_emulator, gcs_bucket):
     assert gcs_emulator.read(bucket, "run/metrics.jsonl") == (
         b'{"step": 0}\n{"step": 1}\n{"step": 2}\n'
     )
+    rows = storage.read_jsonl(f"{gcs_bucket}/run/metrics.jsonl")
+    assert rows == [{"step": i} for i in range(3)]
     with np.load(io.BytesIO(gcs_emulator.read(bucket, "run/logits/test.npz"))) as f:
         np.testing.assert_array_equal(f["logits"], logits)
     got = storage.load_npz(root / "logits" / "test.npz")

@@ -15,7 +15,6 @@ Numbers are printed in percent with two decimals.
 
 from __future__ import annotations
 
-import json
 import re
 
 from etils import epath
@@ -39,7 +38,7 @@ def read_reliability(workdir: epath.PathLike) -> list[dict]:
     path = storage.as_path(workdir) / evaluate.RELIABILITY_FILE
     if not path.exists():
         return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return storage.read_jsonl(path)
 
 
 def claim_rows(rows) -> list[dict]:

@@ -167,12 +167,6 @@ def _write_rows(path: epath.Path, rows: list[dict]) -> None:
     storage.write_text(path, text)
 
 
-def read_rows(path: epath.PathLike) -> list[dict]:
-    """Rows of a JSONL file (local or in an object store)."""
-    text = storage.as_path(path).read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
 def _summary_line(method: str, seed: int, rows: list[dict], seconds: float) -> str:
     def mean(cal, key, clean):
         vals = [
@@ -329,8 +323,8 @@ def _run(config: ConfigDict, workdir: epath.Path) -> epath.Path:
         path = grid.cell_dir(workdir, method, seed) / "rows.jsonl"
         bins_path = path.parent / evaluate.RELIABILITY_FILE
         if path.exists() and bins_path.exists():
-            all_rows.extend(read_rows(path))
-            all_reliability.extend(read_rows(bins_path))
+            all_rows.extend(storage.read_jsonl(path))
+            all_reliability.extend(storage.read_jsonl(bins_path))
             bar.update(1)
             continue
         start = time.perf_counter()

@@ -161,8 +161,8 @@ def _last_step(workdir: epath.Path) -> int | None:
     path = workdir / "metrics.jsonl"
     if not path.exists():
         return None
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    return int(json.loads(lines[-1])["step"]) if lines else None
+    rows = storage.read_jsonl(path)
+    return int(rows[-1]["step"]) if rows else None
 
 
 def _from_checkpoint(config: ConfigDict, workdir: epath.Path, progress: bool):

@@ -451,10 +451,10 @@ def load_jsonl(path: str | epath.PathLike) -> list[dict]:
     A step has up to three records, each with its own keys (training
     metrics, a periodic evaluation, the final evaluation). Logs of older runs
     that were resumed after a crash can repeat a record; of records with the
-    same step and the same keys only the last is kept, in its place.
+    same step and the same keys only the last is kept, in its place
+    (:func:`calib_jax.storage.read_jsonl`: a line cut short is left out).
     """
-    text = storage.as_path(path).read_text()
-    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = storage.read_jsonl(path)
     last = {}
     for i, row in enumerate(rows):
         last[(row.get("step"), _kind(row))] = i

@@ -402,7 +402,7 @@ def test_tiny_grid_with_ensemble_and_mc_dropout(tmp_path):
     from calib_jax.benchmark import runner
 
     path = runner.run(_tiny_config(), tmp_path)
-    rows = runner.read_rows(tmp_path / "results.jsonl")
+    rows = storage.read_jsonl(tmp_path / "results.jsonl")
     by = {(r["method"], r["calibrator"], r["seed"], r["shift"]): r for r in rows}
     shifts = {"clean", "gaussian_noise/2"}
     for method in ("ce", "mc_dropout", "ensemble(ce)"):

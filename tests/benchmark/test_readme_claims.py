@@ -18,6 +18,7 @@ import pytest
 from etils import epath
 
 from calib_jax.benchmark import aggregation as agg
+from calib_jax import storage
 from calib_jax.benchmark import paper_claims, report, runner, tables
 
 ROOT = epath.Path(__file__).resolve().parent.parent.parent
@@ -34,7 +35,7 @@ def _readme_block() -> list[str]:
 
 
 def _demo():
-    rows = runner.read_rows(EXPECTED / "demo" / "claim_rows.jsonl")
+    rows = storage.read_jsonl(EXPECTED / "demo" / "claim_rows.jsonl")
     run = json.loads((EXPECTED / "demo" / "run.json").read_text())
     return rows, run
 
@@ -63,7 +64,7 @@ def test_kept_demo_rows_are_the_whole_grid():
 
 
 def test_claim_rows_give_the_claims_of_every_row():
-    rows = runner.read_rows(EXPECTED / "quick" / runner.RESULTS_FILE)
+    rows = storage.read_jsonl(EXPECTED / "quick" / runner.RESULTS_FILE)
     kept = report.claim_rows(rows)
     assert paper_claims.claims(kept) == paper_claims.claims(rows)
     # Per seed: the clean value, and the mean over the shifted sets.

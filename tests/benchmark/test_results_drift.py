@@ -27,6 +27,7 @@ import sys
 import pytest
 from etils import epath
 
+from calib_jax import storage
 from calib_jax.benchmark import paper_claims, reproducibility, runner
 
 ROOT = epath.Path(__file__).resolve().parent.parent.parent
@@ -118,7 +119,7 @@ def summary(differences: list[str]) -> str:
 
 
 def _expected_rows() -> list[dict]:
-    return runner.read_rows(EXPECTED / runner.RESULTS_FILE)
+    return storage.read_jsonl(EXPECTED / runner.RESULTS_FILE)
 
 
 def _expected_claims() -> list[dict]:
@@ -138,7 +139,7 @@ def test_quick_benchmark_matches_the_expected_rows_and_verdicts(tmp_path):
         text=True,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = runner.read_rows(tmp_path / runner.RESULTS_FILE)
+    rows = storage.read_jsonl(tmp_path / runner.RESULTS_FILE)
     differences = row_differences(_expected_rows(), rows)
     differences += claim_differences(_expected_claims(), paper_claims.claims(rows))
     if differences:

@@ -37,6 +37,12 @@ from calib_jax.train import evaluate as train_eval
 METRICS: dict[str, str] = {k: m.description for k, m in metrics.SUMMARY_METRICS.items()}
 
 
+def describe(metric: str, num_bins: int = 15) -> str:
+    """The description of a row metric (:data:`METRICS`) with its bins as
+    configured (``config.num_bins``; the descriptions say the default, 15)."""
+    return METRICS[metric].replace("15 equal-", f"{num_bins} equal-")
+
+
 # Row keys of the OOD scores (test split positive, maximum softmax probability).
 OOD_FIELDS: dict[str, str] = {
     "ood_auroc": "AUROC",

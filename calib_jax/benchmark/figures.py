@@ -53,6 +53,7 @@ def write_figures(
     *,
     seed: int,
     options,
+    num_bins: int = 15,
 ) -> list[str]:
     """Writes the PNGs under ``workdir``; returns their markdown lines.
 
@@ -64,6 +65,7 @@ def write_figures(
         row is missing is left out.
       seed: the seed of the reliability diagrams.
       options: ``config.report`` (``methods``, ``min_count``).
+      num_bins: the bins of the ECE (``config.num_bins``), named on the axes.
     """
     lines = []
     methods = agg.methods(rows)
@@ -79,7 +81,7 @@ def write_figures(
             for m in methods
         }
         chosen = highlighted(methods, baseline, best, options.get("methods", ()))
-        metric = "ECE (15 equal-width bins, l1)"
+        metric = f"ECE ({num_bins} equal-width bins, l1)"
         plots.ece_vs_severity(
             {m: curves[m] for m in chosen},
             metric_name=metric,
@@ -104,7 +106,7 @@ def write_figures(
         points[m] = (*acc, *err)
     plots.accuracy_vs_ece(
         points,
-        ece_name="ECE, clean test (15 equal-width bins, l1)",
+        ece_name=f"ECE, clean test ({num_bins} equal-width bins, l1)",
         title="Accuracy vs ECE (mean ± SEM over seeds)",
         path=workdir / "accuracy_vs_ece.png",
     )

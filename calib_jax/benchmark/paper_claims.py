@@ -276,7 +276,7 @@ def _note(claim: Claim, rows, chosen: str) -> str:
 
 
 def evaluate_claim(
-    rows, paper: str, claim: str, metric: str, pairs, note: str = ""
+    rows, paper: str, claim: str, metric: str, pairs, note: str = "", num_bins: int = 15
 ) -> dict:
     """One claims-table entry: paired differences of ``pairs`` and their verdict.
 
@@ -287,10 +287,11 @@ def evaluate_claim(
         ``rows`` lack, or whose two sides share no seed, is left out.
       note: appended to the measured text in parentheses (when any pair was
         measured).
+      num_bins: the ECEs' bins (``config.num_bins``), named in ``metric``.
 
     Returns:
       ``{paper, claim, metric, measured, detectable, verdict}``; ``metric``
-      as its description (:data:`calib_jax.benchmark.evaluate.METRICS`).
+      as its description (:func:`calib_jax.benchmark.evaluate.describe`).
     """
     known = set(agg.methods(rows)) | {"*"}
     cals = set(agg.calibrators(rows))
@@ -306,14 +307,16 @@ def evaluate_claim(
     return {
         "paper": paper,
         "claim": claim,
-        "metric": evaluate.METRICS[metric],
+        "metric": evaluate.describe(metric, num_bins),
         "measured": measured + (f" ({note})" if note and texts else ""),
         "detectable": "; ".join(resolution) if resolution else "-",
         "verdict": agg.verdict(diffs),
     }
 
 
-def claims(rows, table: tuple[Claim, ...] = CLAIMS) -> list[dict]:
+def claims(
+    rows, table: tuple[Claim, ...] = CLAIMS, *, num_bins: int = 15
+) -> list[dict]:
     """One entry per claim of ``table``, as :func:`evaluate_claim` gives it.
 
     Differences are paired by seed (method minus baseline, in percentage
@@ -335,6 +338,7 @@ def claims(rows, table: tuple[Claim, ...] = CLAIMS) -> list[dict]:
                 c.metric,
                 _pairs(c, rows, chosen),
                 _note(c, rows, chosen),
+                num_bins,
             )
         )
         if use_released and c.equations is not None:
@@ -345,6 +349,7 @@ def claims(rows, table: tuple[Claim, ...] = CLAIMS) -> list[dict]:
                     *c.equations,
                     c.metric,
                     _pairs(plain, rows, c.method),
+                    num_bins=num_bins,
                 )
             )
     return out

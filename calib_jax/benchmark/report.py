@@ -127,6 +127,7 @@ def write_report(
     seeds = sorted({r["seed"] for r in rows})
     shifts = sorted({r["shift"] for r in rows if r["shift"] != "clean"})
     t = config.train
+    bins = int(config.num_bins)
     lines = [
         "# Calibration benchmark",
         "",
@@ -142,12 +143,13 @@ def write_report(
             f"diagrams from `reliability.jsonl`) by `calib_jax.benchmark.report`."
         ),
         "",
-        "## Table 2 layout (soft-calibration paper): ECE with 15 equal-mass bins, l2",
+        f"## Table 2 layout (soft-calibration paper): ECE with {bins} equal-mass "
+        "bins, l2",
         "",
         *tables.table2(rows, "ece_l2_em"),
         "",
         (
-            "## Table 2 layout: ECE with 15 equal-width bins, l1 (focal, ACLS, "
+            f"## Table 2 layout: ECE with {bins} equal-width bins, l1 (focal, ACLS, "
             "reweighted-risk papers)"
         ),
         "",
@@ -156,7 +158,7 @@ def write_report(
         "## Every metric, no post-hoc calibration (clean test)",
         "",
         "Conventions: "
-        + "; ".join(f"`{k}` = {v}" for k, v in evaluate.METRICS.items())
+        + "; ".join(f"`{k}` = {evaluate.describe(k, bins)}" for k in evaluate.METRICS)
         + (
             "; `ece p (...)` = the p-values of the ECE's calibration tests, one "
             "per seed (see *Calibration tests*)"
@@ -182,7 +184,8 @@ def write_report(
     ]
     lines += [
         (
-            "## ECE (15 equal-width bins, l1) of every method under every calibrator "
+            f"## ECE ({bins} equal-width bins, l1) of every method under every "
+            "calibrator "
             "(clean test)"
         ),
         "",
@@ -197,15 +200,17 @@ def write_report(
         lines += [note, ""]
     if shifts:
         lines += [
-            "## ECE (15 equal-width bins, l1) under every calibrator (shifted)",
+            f"## ECE ({bins} equal-width bins, l1) under every calibrator (shifted)",
             "",
             *tables.calibrator_table(rows, "ece", "all"),
             "",
         ]
-    lines += tables.calibration_tests_table(rows)
+    lines += tables.calibration_tests_table(rows, bins)
     lines += tables.corp_table(rows)
     boot, ood = config.get("bootstrap"), t.get("ood")
-    lines += tables.bootstrap_table(rows, float(boot.confidence) if boot else 0.95)
+    lines += tables.bootstrap_table(
+        rows, float(boot.confidence) if boot else 0.95, num_bins=bins
+    )
     lines += tables.ood_table(rows, ood.dataset if ood else "")
     lines += tables.conformal_table(rows)
     lines += [
@@ -222,7 +227,7 @@ def write_report(
             "(`acls_released`, `au_pxtau_released`)."
         ),
         "",
-        *tables.claims_table(paper_claims.claims(rows)),
+        *tables.claims_table(paper_claims.claims(rows, num_bins=bins)),
         "",
         "## Plots",
         "",
@@ -232,6 +237,7 @@ def write_report(
             reliability,
             seed=min(config.seeds),
             options=config.get("report") or {},
+            num_bins=bins,
         ),
         "",
     ]

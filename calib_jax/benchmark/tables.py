@@ -124,13 +124,14 @@ def metrics_table(rows, calibrator: str, shift="clean") -> list[str]:
     return markdown(header, body)
 
 
-def calibration_tests_table(rows) -> list[str]:
+def calibration_tests_table(rows, num_bins: int = 15) -> list[str]:
     """ECE with its calibration tests' p-values, per method x calibrator.
 
     Clean test set: the ECE (mean ± SEM) and, one per seed, the p-values of
     Spiegelhalter's Z test and of the ECE's consistency resampling; on a grid
     with shifted sets, the share of them whose Spiegelhalter p-value is below
-    :data:`LEVEL`. Empty when the rows carry no tests.
+    :data:`LEVEL`. Empty when the rows carry no tests. ``num_bins``: the
+    ECE's bins (``config.num_bins``), named in the text.
     """
     if not _has(rows, "spiegelhalter_p"):
         return []
@@ -157,7 +158,7 @@ def calibration_tests_table(rows) -> list[str]:
             "Is the calibration error distinguishable from sampling noise? "
             "`p (Spiegelhalter)`: Spiegelhalter's (1986) Z test of the top-label "
             "confidence against correctness (`calib_jax.metrics.spiegelhalter_test`, "
-            "two-sided); `p (consistency)`: the share of the ECE's values (15 "
+            f"two-sided); `p (consistency)`: the share of the ECE's values ({num_bins} "
             "equal-width bins, l1) under perfect calibration, by consistency "
             "resampling (Broecker & Smith 2007; `calib_jax.metrics."
             "ece_consistency_test`, a fixed key per cell), at least as large as "
@@ -373,12 +374,12 @@ def interval(row: dict, metric: str) -> str:
     return f"{100 * row[metric]:.2f} [{100 * lo:.2f}, {100 * hi:.2f}]"
 
 
-def bootstrap_table(rows, confidence: float = 0.95) -> list[str]:
+def bootstrap_table(rows, confidence: float = 0.95, num_bins: int = 15) -> list[str]:
     """Per-cell bootstrap intervals of the first seed's clean test set.
 
     One row per method x calibrator: ``value [lo, hi]`` of every metric of
     :data:`calib_jax.benchmark.evaluate.BOOTSTRAP_METRICS`. Empty when the
-    rows carry no intervals.
+    rows carry no intervals. ``num_bins``: the ECEs' bins, named in the text.
     """
     names = evaluate.BOOTSTRAP_METRICS
     clean = [r for r in rows if r["shift"] == "clean"]
@@ -406,7 +407,7 @@ def bootstrap_table(rows, confidence: float = 0.95) -> list[str]:
             "bins), so an ECE interval can lie above the value: read it as the "
             "spread due to the test sample, not as a bias-corrected interval. "
             "Metrics: "
-            + "; ".join(f"`{m}` = {evaluate.METRICS[m]}" for m in names)
+            + "; ".join(f"`{m}` = {evaluate.describe(m, num_bins)}" for m in names)
             + "."
         ),
         "",

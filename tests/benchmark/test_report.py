@@ -62,3 +62,40 @@ def test_report_reads_the_reliability_rows_file_of_the_workdir(tmp_path):
     ]
     assert f"![reliability, best: {best}](reliability_best.png)" in path.read_text()
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(embedded)
+
+
+def test_report_headings_name_the_configured_bins(tmp_path):
+    config = benchmark_digits.get_config()
+    config.seeds = (0,)
+    config.num_bins = 10
+    rng = np.random.default_rng(1)
+    rows = []
+    for method in ("ce", "focal"):
+        key = {"method": method, "calibrator": "none", "seed": 0}
+        for shift, severity in (("clean", 0), ("gaussian_noise_1", 1)):
+            values = {m: float(rng.uniform(0.1, 0.9)) for m in evaluate.METRICS}
+            values["spiegelhalter_p"] = values["ece_consistency_p"] = 0.5
+            rows.append(
+                {
+                    **key,
+                    "shift": shift,
+                    "corruption": shift.rpartition("_")[0] or "clean",
+                    "severity": severity,
+                    **values,
+                }
+            )
+    text = report.write_report(config, tmp_path, rows, []).read_text()
+    assert "15 equal" not in text
+    headings = [ln for ln in text.splitlines() if ln.startswith("## ")]
+    assert (
+        "## Table 2 layout (soft-calibration paper): ECE with 10 equal-mass bins, l2"
+        in (headings)
+    )
+    for start in (
+        "## Table 2 layout: ECE with 10 equal-width bins, l1",
+        "## ECE (10 equal-width bins, l1) of every method under every calibrator",
+        "## ECE (10 equal-width bins, l1) under every calibrator (shifted)",
+    ):
+        assert any(h.startswith(start) for h in headings), start
+    assert "`ece` = ECE, 10 equal-width bins, l1" in text
+    assert "the ECE's values (10 equal-width bins, l1)" in text

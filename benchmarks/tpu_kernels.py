@@ -49,7 +49,8 @@ from _timing import machine_line, write_section
 from calib_jax import kernels, losses
 from calib_jax.losses import _kernel_base
 from calib_jax.metrics import _adaptive, _common, _conventions, _kernels, _ood
-from calib_jax.posthoc import _blocked, _temperature
+from calib_jax.posthoc import _cpu_kernels as _posthoc_cpu_kernels
+from calib_jax.posthoc import _temperature
 
 TITLE = "Kernel portability (TPU ahead-of-time compile)"
 TOPOLOGY = "v5e:2x2"
@@ -153,15 +154,7 @@ def _nll_objective(z, y, u):
 def _top_conf_objective(z, y, u):
     del y
     zs = jax.lax.stop_gradient(z)
-    conf = kernels.select(
-        "posthoc_temperature",
-        _temperature.top_confidence_of_log_t,
-        _temperature.top_confidence_of_log_t_plain,
-        u,
-        zs,
-        jnp.max(zs, axis=-1),
-    )
-    return jnp.sum(conf)
+    return jnp.sum(_temperature.top_confidence_of_log_t(u, zs, jnp.max(zs, axis=-1)))
 
 
 def cases() -> list[Case]:
@@ -275,7 +268,7 @@ def cases() -> list[Case]:
             out.append(Case(fam, f"{name}, {size}", _grad_sum(loss), _logits(k), b))
     for n, k in ((50_000, 1000), (10_000, 10)):
         specs = lambda n, k=k: [((n, k), f32), ((n,), i32), ((), f32)]
-        block = _blocked.block_rows(n, k)
+        block = _posthoc_cpu_kernels.block_rows(n, k)
         out.append(
             Case(
                 "posthoc_temperature",
@@ -294,7 +287,7 @@ def cases() -> list[Case]:
             jax.value_and_grad(_top_conf_objective, argnums=2),
             lambda n, k=k: [((n, k), f32), ((n,), i32), ((), f32)],
             n,
-            tuned_block=_blocked.block_rows(n, k),
+            tuned_block=_posthoc_cpu_kernels.block_rows(n, k),
         )
     )
     return out

@@ -145,7 +145,7 @@ FAMILIES: dict[str, Family] = {
         gpu="tuned",
     ),
     "posthoc_temperature": Family(
-        "posthoc._cpu_kernels.exp_sums",
+        "posthoc._cpu_kernels (exp_sums, nll_of_log_t, top_confidence_of_log_t)",
         "row-blocked exp sums of temperature scaling and fused derivatives",
         tpu="plain",
         gpu="plain",

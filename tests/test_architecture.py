@@ -182,17 +182,6 @@ LAZY = {
     ("calib_jax.benchmark.grid", "calib_jax.posthoc"),
     # Import cycles: the package's __init__ imports the module.
     ("calib_jax.metrics._bootstrap", "calib_jax.metrics"),
-    ("calib_jax.posthoc._calibrator", "calib_jax.posthoc._persist"),
-    ("calib_jax.posthoc._persist", "calib_jax.posthoc._calibrator"),
-    ("calib_jax.posthoc._persist", "calib_jax.posthoc._binary"),
-    ("calib_jax.posthoc._persist", "calib_jax.posthoc._cts"),
-    ("calib_jax.posthoc._persist", "calib_jax.posthoc._dirichlet"),
-    ("calib_jax.posthoc._persist", "calib_jax.posthoc._ets"),
-    ("calib_jax.posthoc._persist", "calib_jax.posthoc._histogram"),
-    ("calib_jax.posthoc._persist", "calib_jax.posthoc._isotonic"),
-    ("calib_jax.posthoc._persist", "calib_jax.posthoc._matrix"),
-    ("calib_jax.posthoc._persist", "calib_jax.posthoc._pts"),
-    ("calib_jax.posthoc._persist", "calib_jax.posthoc._temperature"),
 }
 
 
@@ -216,3 +205,111 @@ def test_package_imports_are_at_the_top_but_the_listed_lazy_ones():
     )
     assert extra == []
     assert sorted(LAZY - inside) == []  # an entry whose import moved goes too
+
+
+def _cycles():
+    """Every import cycle among calib_jax modules, as ``a -> b -> a`` strings:
+    module-level and function-level imports alike (a function-level import
+    that closes a cycle only hides it)."""
+    graph = {}
+    for module, imported, _, _ in _imports():
+        if imported != module:
+            graph.setdefault(module, set()).add(imported)
+    cycles, done = set(), set()
+
+    def visit(node, path):
+        if node in path:
+            ring = path[path.index(node) :]
+            start = ring.index(min(ring))
+            cycles.add(" -> ".join(ring[start:] + ring[:start] + [min(ring)]))
+            return
+        if node in done:
+            return
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, [*path, node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
+    return sorted(cycles)
+
+
+# Open, to be removed with the fix: metrics/__init__.py holds the registry that
+# these two modules read (a registry module of their own would end them).
+KNOWN_CYCLES = {
+    "calib_jax.metrics -> calib_jax.metrics._bootstrap -> calib_jax.metrics",
+    "calib_jax.metrics -> calib_jax.metrics._summary -> calib_jax.metrics",
+}
+
+
+def test_no_import_cycle_anywhere():
+    cycles = _cycles()
+    assert [c for c in cycles if c not in KNOWN_CYCLES] == []
+    assert sorted(KNOWN_CYCLES - set(cycles)) == []  # a fixed one leaves the list
+
+
+# The posthoc modules a method module may import: the shared helpers, and the
+# sibling method modules it builds on (each listed with its reason).
+POSTHOC_SHARED = {"_base", "_core", "_cpu_kernels", "_reduction", "_validate"}
+POSTHOC_METHODS = {
+    "_temperature": set(),
+    "_temperature_fit": {"_temperature"},  # the objectives in log T
+    "_ets": {"_temperature"},  # stage 1 is TS; stage 2 its NLL in log T
+    "_pts": {"_temperature"},  # the NLL in log T with per-row temperatures
+    "_cts": set(),
+    "_matrix": set(),
+    "_dirichlet": {"_matrix"},  # the [K, K] L-BFGS memory check
+    "_binary": set(),
+    "_histogram": set(),
+    "_isotonic": set(),
+    "_multilabel": set(),
+    "_classwise_scaling": set(),
+}
+
+
+def test_each_posthoc_method_module_imports_only_the_shared_helpers():
+    for name in POSTHOC_METHODS:
+        assert _is_module(f"calib_jax.posthoc.{name}"), name
+    taken = []
+    for module, imported, _, line in _imports():
+        mine, theirs = module.rpartition(".")[2], imported.rpartition(".")[2]
+        if module.rpartition(".")[0] != "calib_jax.posthoc":
+            continue
+        if mine not in POSTHOC_METHODS or imported.rpartition(".")[0] != (
+            "calib_jax.posthoc"
+        ):
+            continue
+        if theirs not in POSTHOC_SHARED | POSTHOC_METHODS[mine] | {mine}:
+            taken.append(f"{module}:{line} imports {imported}")
+    assert taken == []
+
+
+# Issue 21: each loss paper module keeps its equations in its own file. The
+# private loss modules it may import besides the bases (_base,
+# _validation_base): the CPU kernels' sidecar, and the loss modules its paper
+# builds on (the confidence scores it ranks, the released code's arithmetic).
+LOSS_MODULE_IMPORTS = {
+    "_au_pxtau": {"_au_pxtau_hist", "_confidence", "_released"},
+    "_au_pxtau_hist": {"_confidence", "_released"},
+    "_aurc": {"_confidence", "_cpu_kernels"},
+    "_base": {"_cpu_kernels"},
+    "_focal": {"_cpu_kernels", "_released"},
+    "_margin": {"_cpu_kernels", "_released"},
+    "_mmce": {"_released"},
+    "_soft_ece": {"_released"},
+}
+
+
+def test_loss_modules_import_only_the_bases_and_their_listed_modules():
+    bases = {"_base", "_validation_base"}
+    taken = {}
+    for module, imported, _, _ in _imports():
+        package, _, mine = module.rpartition(".")
+        if package != "calib_jax.losses" or not _private(mine):
+            continue
+        theirs = imported.rpartition(".")[2]
+        if imported.startswith("calib_jax.losses.") and theirs not in bases:
+            taken.setdefault(mine, set()).add(theirs)
+    assert taken == LOSS_MODULE_IMPORTS
+    # The sidecar of CPU kernels imports no loss module at all.
+    assert "_cpu_kernels" not in taken

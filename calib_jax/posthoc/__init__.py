@@ -13,7 +13,16 @@ returns a :class:`Calibrator` pytree for the registry path (and the CLI,
 """
 
 from calib_jax.posthoc._binary import apply_beta, apply_platt, fit_beta, fit_platt
-from calib_jax.posthoc._calibrator import Calibrator, Method
+from calib_jax.posthoc._base import Method
+from calib_jax.posthoc._calibrator import (
+    ACCURACY_PRESERVING,
+    BINARY_ONLY,
+    CALIBRATORS,
+    Calibrator,
+    fit,
+    get_calibrator,
+    load,
+)
 from calib_jax.posthoc._classwise_scaling import (
     fit_alpha_beta,
     fit_classwise,
@@ -39,20 +48,9 @@ from calib_jax.posthoc._multilabel import (
     apply_multilabel_temperature,
     fit_multilabel_temperature,
 )
-from calib_jax.posthoc._persist import load
 from calib_jax.posthoc._pts import apply_pts, fit_pts
-from calib_jax.posthoc._registry import (
-    ACCURACY_PRESERVING,
-    BINARY_ONLY,
-    CALIBRATORS,
-    fit,
-    get_calibrator,
-)
-from calib_jax.posthoc._temperature import (
-    OBJECTIVES,
-    apply_temperature,
-    fit_temperature,
-)
+from calib_jax.posthoc._temperature import OBJECTIVES, apply_temperature
+from calib_jax.posthoc._temperature_fit import fit_temperature
 from calib_jax.posthoc._validate import TEMPERATURE_RANGE, SuspiciousFitWarning
 
 __all__ = [

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import _checks
-from calib_jax.posthoc import _calibrator, _validate
+from calib_jax.posthoc import _base, _validate
 
 BINARY_ONLY = ("platt", "beta")
 
@@ -138,9 +138,9 @@ def apply_platt_params(params, logits):
 
 def check_platt_params(params, *, values: bool = True) -> int:
     """Platt parameters ``{'a': [], 'b': []}``, finite; binary (K = 2)."""
-    arrays = _calibrator.param_arrays(params, {"a": 0, "b": 0})
+    arrays = _base.param_arrays(params, {"a": 0, "b": 0})
     for key, leaf in arrays.items() if values else ():
-        _calibrator.check_param_values(f"params[{key!r}]", leaf)
+        _base.check_param_values(f"params[{key!r}]", leaf)
     return 2
 
 
@@ -275,9 +275,9 @@ def apply_beta_params(params, logits):
 def check_beta_params(params, *, values: bool = True) -> int:
     """Beta calibration parameters ``{'a', 'b', 'c'}`` (scalars), finite;
     binary (K = 2)."""
-    arrays = _calibrator.param_arrays(params, {"a": 0, "b": 0, "c": 0})
+    arrays = _base.param_arrays(params, {"a": 0, "b": 0, "c": 0})
     for key, leaf in arrays.items() if values else ():
-        _calibrator.check_param_values(f"params[{key!r}]", leaf)
+        _base.check_param_values(f"params[{key!r}]", leaf)
     return 2
 
 

@@ -1,17 +1,37 @@
-"""The :class:`Calibrator` pytree and the :class:`Method` description of a
-trainable calibration map, shared by every fitter and the registry."""
+"""The :class:`Calibrator` pytree and the registry path: :data:`CALIBRATORS`,
+:func:`get_calibrator`, :func:`fit` and :func:`load`, all from the one method
+table of ``_methods.py``.
+
+Names: ``'ts'``, ``'ets'``, ``'pts'``, ``'cts'``, ``'vector'``, ``'matrix'``,
+``'dirichlet'``, ``'histogram_binning'``, ``'isotonic'``, the binary-only
+``'platt'`` and ``'beta'`` (K = 2), and ``'<base>+classwise'`` for ``base``
+in TS, ETS, PTS, CTS. ``get_calibrator``/``fit`` also accept
+``'ts:<objective>'`` (``nll``, ``sb_ece``, ``hb_ece``, ``ece_grid``) and
+``'ts:nll+classwise'``.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
-from calib_jax import _checks
+from calib_jax.posthoc import (
+    _base,
+    _binary,
+    _methods,
+    _persist,
+    _temperature,
+    _validate,
+)
+
+ACCURACY_PRESERVING = ("ts", "ets", "pts")
+#: Calibrators defined for K = 2 only (K != 2 is a one-line ValueError).
+BINARY_ONLY = _binary.BINARY_ONLY
 
 
 @struct.dataclass
@@ -59,11 +79,14 @@ class Calibrator:
             parameters are for (vector/matrix scaling, Dirichlet, CTS,
             binning...; maps such as TS take any K).
         """
-        from calib_jax.posthoc import _persist
-
         logits = jnp.asarray(logits)
         logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-        check_classes(self, logits, _persist.num_classes(self.apply_fn, self.params))
+        k = _methods.num_classes(self.apply_fn, self.params)
+        if k is not None and (logits.ndim != 2 or logits.shape[1] != k):
+            raise ValueError(
+                f"calibrator {self.name!r} was fitted for K = {k} classes: logits "
+                f"must have shape [N, {k}], got shape {logits.shape}."
+            )
         return self.apply_fn(self.params, logits)
 
     def probs(self, logits: jax.typing.ArrayLike) -> jax.Array:
@@ -101,8 +124,6 @@ class Calibrator:
           >>> bool((posthoc.load(path).apply(z) == cal.apply(z)).all())
           True
         """
-        from calib_jax.posthoc import _persist
-
         _persist.save(self, path, overwrite=overwrite)
 
     def summary(self) -> dict[str, Any]:
@@ -111,187 +132,195 @@ class Calibrator:
         Scalars are reported as floats; arrays by shape, mean, min and max;
         small vectors (at most 8 entries) in full.
         """
-        out = {}
-        for tree, prefix in ((self.params, ""), (self.aux, "")):
-            if tree is None:
-                continue
-            flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-            for path, leaf in flat:
-                key = prefix + "/".join(_key_name(k) for k in path)
-                out[key] = _describe(np.asarray(leaf))
-        return out
+        return _base.summarize(self.params, self.aux)
 
 
-def _key_name(k) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
+def _calibrator_fit(fit: Callable[..., _methods.Fitted]) -> Callable[..., Calibrator]:
+    @functools.wraps(fit)
+    def fitter(logits, labels, *, where=None, **kwargs) -> Calibrator:
+        return Calibrator(*fit(logits, labels, where=where, **kwargs))
+
+    return fitter
 
 
-def _describe(x: np.ndarray):
-    if x.ndim == 0:
-        return float(x)
-    if x.size <= 8 and x.ndim == 1:
-        return [float(v) for v in x]
-    return {
-        "shape": list(x.shape),
-        "mean": float(x.mean()),
-        "min": float(x.min()),
-        "max": float(x.max()),
-    }
+#: Registry name -> fitter ``(logits, labels, *, where=None, **kw) -> Calibrator``.
+CALIBRATORS: dict[str, Callable[..., Calibrator]] = {
+    name: _calibrator_fit(entry.fit) for name, entry in _methods.METHODS.items()
+}
 
 
-# ---------------------------------------------------------------------------
-# Checks of a parameter tree against the map that reads it. Each calibration
-# map declares one ``check_*_params(params, *, values) -> K | None`` next to
-# its apply function (built from the helpers below); ``posthoc.load`` runs it
-# with ``values=True`` on a loaded tree, :meth:`Calibrator.apply` with
-# ``values=False`` (shapes only, also under ``jax.jit``) to learn the number
-# of classes the parameters are for. Messages name the parameter and what
-# the map needs, one line, for the caller to prefix.
-# ---------------------------------------------------------------------------
+def _known_names() -> str:
+    ts = [f"ts:{o}" for o in _temperature.OBJECTIVES]
+    return ", ".join(sorted(CALIBRATORS) + ts + ["ts:nll+classwise"])
 
 
-def param_arrays(params, ranks: dict[str, int], *, bools=()) -> dict[str, Any]:
-    """The array leaves of a flat parameter dict, by key.
+def get_calibrator(name: str) -> Callable[..., Calibrator]:
+    """Returns the fitter ``(logits, labels, *, where=None, **kw) -> Calibrator``.
 
-    Args:
-      params: the parameter tree.
-      ranks: key -> rank of every entry the map reads (no other keys).
-      bools: keys of bool arrays; the others must be floating point.
+    ``name`` is a key of :data:`CALIBRATORS` or ``'ts:<objective>'``
+    (optionally ``'ts:nll+classwise'``).
 
     Raises:
-      ValueError: another container or other keys, a leaf that is not an
-        array, another dtype kind or rank.
+      ValueError: unknown name; the message lists the known names.
     """
-    if not isinstance(params, dict) or set(params) != set(ranks):
-        got = sorted(params) if isinstance(params, dict) else type(params).__name__
-        raise ValueError(f"params must be a dict with keys {sorted(ranks)}, got {got}.")
-    out = {}
-    for key, rank in ranks.items():
-        out[key] = param_array(params[key], f"params[{key!r}]", rank, key in bools)
-    return out
+    if not isinstance(name, str):
+        raise TypeError(f"calibrator name must be a string, got {name!r}.")
+    base, suffix = name, ""
+    if name.endswith("+classwise"):
+        base, suffix = name[: -len("+classwise")], "+classwise"
+    objective = None
+    if base.startswith("ts:"):
+        base, objective = "ts", base[3:]
+        if objective not in _temperature.OBJECTIVES:
+            raise ValueError(
+                f"unknown TS objective {objective!r} in {name!r}; known "
+                f"calibrators: {_known_names()}."
+            )
+    key = base + suffix
+    if key not in CALIBRATORS:
+        raise ValueError(
+            f"unknown calibrator {name!r}; known calibrators: {_known_names()}."
+        )
+    fitter = CALIBRATORS[key]
+    if objective is None:
+        return fitter
+    return functools.partial(fitter, objective=objective)
 
 
-def param_array(leaf, name: str, rank: int, boolean: bool = False):
-    """``leaf`` if it is an array of ``rank`` (bool or floating); ValueError."""
-    if not isinstance(leaf, (jax.Array, np.ndarray)):
-        # ValueError: a saved file that is wrong is one error kind for load.
-        raise ValueError(f"{name} must be an array, got {type(leaf).__name__}.")  # noqa: TRY004
-    kind = "bool" if boolean else "floating point"
-    ok = (
-        leaf.dtype == jnp.bool_ if boolean else jnp.issubdtype(leaf.dtype, jnp.floating)
-    )
-    if not ok:
-        raise ValueError(f"{name} must be {kind}, got dtype {leaf.dtype}.")
-    if leaf.ndim != rank:
-        raise ValueError(f"{name} must have rank {rank}, got shape {leaf.shape}.")
-    return leaf
+# Options whose sign the fitters take on trust: (must be > 0, else >= 0).
+_OPTION_SIGNS = {
+    "learning_rate": True,
+    "tol": False,
+    "weight_decay": False,
+    "weight_tol": False,
+}
 
 
-def same_classes(arrays: dict[str, Any], axes: dict[str, tuple[int, ...]]) -> int:
-    """The number of classes ``K >= 2`` that the named axes all share.
+def _check_options(name: str, kwargs: dict) -> None:
+    """ValueError for a real-valued option outside its domain (one line)."""
+    for key, strict in _OPTION_SIGNS.items():
+        if key not in kwargs or isinstance(kwargs[key], jax.core.Tracer):
+            continue
+        try:
+            value = float(kwargs[key])
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{name}: option {key} must be a number, got {kwargs[key]!r}."
+            ) from None
+        if not (value > 0 if strict else value >= 0):  # NaN fails both
+            bound = "> 0" if strict else ">= 0"
+            raise ValueError(f"{name}: option {key} must be {bound}, got {value}.")
+
+
+def fit(
+    name: str,
+    logits: jax.typing.ArrayLike,
+    labels: jax.typing.ArrayLike,
+    *,
+    where: jax.typing.ArrayLike | None = None,
+    **kwargs,
+) -> Calibrator:
+    """Fits the calibrator registered as ``name`` on validation logits.
 
     Args:
-      arrays: key -> array (from :func:`param_arrays`).
-      axes: key -> the axes of that array holding one entry per class.
+      name: e.g. ``'ts'``, ``'ts:sb_ece'``, ``'ets'``, ``'cts+classwise'``,
+        ``'dirichlet'`` (see :data:`CALIBRATORS`).
+      logits: float ``[N, K]`` validation logits.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      where: optional bool ``[N]``; ``False`` rows are ignored.
+      **kwargs: options of the method's fitter (e.g. ``objective``,
+        ``max_iter``, ``form``, ``steps``, ``off_diagonal``, ``rounds``).
+
+    Returns:
+      A :class:`Calibrator`; ``calibrator.apply(test_logits)`` gives the
+      calibrated logits (log-probabilities for ETS, histogram binning,
+      isotonic regression, Platt and Beta); ``calibrator.save(path)``
+      writes it for :func:`calib_jax.posthoc.load`. TS, ETS and PTS (with
+      or without class-wise scaling) preserve the argmax; the others do
+      not in general.
+
+    Raises:
+      ValueError: unknown name or option, an option outside its domain
+        (``learning_rate <= 0``, negative ``tol``), NaN/inf logits, labels
+        out of range, ``N = 0``, ``K < 2``, ``K != 2`` for a binary-only
+        calibrator (``'platt'``, ``'beta'``) or mismatched lengths
+        (one-line messages).
+
+    Warns:
+      SuspiciousFitWarning: one line when the validation accuracy is below
+        chance (1/K) or a fitted temperature (TS, ETS, CTS and their
+        class-wise variants) lies outside [0.05, 20], naming the likely
+        cause (labels misaligned with the logits, probabilities passed as
+        logits).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from calib_jax import posthoc
+      >>> z = 3.0 * jax.random.normal(jax.random.key(0), (512, 4))
+      >>> y = jax.random.categorical(jax.random.key(1), z / 3.0)
+      >>> cal = posthoc.fit("ts:nll", z, y)
+      >>> print(cal.name, f"{float(cal.params['temperature']):.2f}")
+      ts:nll 3.46
     """
-    sizes = {
-        f"params[{key!r}].shape[{axis}]": arrays[key].shape[axis]
-        for key, key_axes in axes.items()
-        for axis in key_axes
-    }
-    k = next(iter(sizes.values()))
-    if any(v != k for v in sizes.values()) or k < 2:
-        shapes = ", ".join(f"{key!r}: {arrays[key].shape}" for key in axes)
-        raise ValueError(
-            f"params must hold one entry per class for K >= 2 classes alike, got "
-            f"shapes {shapes}."
-        )
-    return int(k)
+    fitter = get_calibrator(name)
+    if name in BINARY_ONLY:
+        _binary.check_binary(name, logits)
+    # Values are checked by the fitter (inside its own compiled call where it
+    # can): here only shapes and dtypes, before the options.
+    _validate.check_inputs(logits, labels, where, values=False)
+    _check_options(name, kwargs)
+    try:
+        with _validate.quiet_fit_warnings() as diagnostics:
+            cal = fitter(logits, labels, where=where, **kwargs)
+    except TypeError as err:
+        if "unexpected keyword argument" in str(err):
+            raise ValueError(
+                f"unknown option for calibrator {name!r}: {err}."
+            ) from None
+        raise
+    accuracy, simplex = diagnostics.get((logits, labels, where))
+    _validate.warn_if_suspicious(
+        logits,
+        labels,
+        where,
+        name=f"calibrator {name!r}",
+        temperatures=_fitted_temperatures(cal.params),
+        accuracy=accuracy,
+        simplex=simplex,
+    )
+    return cal
 
 
-def check_param_values(name: str, leaf, *, positive=False, unit=False, ascending=False):
-    """Value checks of one concrete parameter array (nothing for tracers).
+def _fitted_temperatures(params):
+    """The fitted temperature(s) of TS, ETS and CTS parameters, or None."""
+    if isinstance(params, dict):
+        for key in ("temperature", "temperatures"):
+            if key in params:
+                return params[key]
+    return None
 
-    Every entry must be finite; ``positive``: > 0; ``unit``: in [0, 1];
-    ``ascending``: non-decreasing along the last axis.
+
+def load(path, *, name: str | None = None) -> Calibrator:
+    """Reads a calibrator written by :meth:`Calibrator.save`.
+
+    Args:
+      path: local or object-store path (``etils.epath``).
+      name: optional expected registry name (e.g. ``'ts:nll'``); another
+        name is an error.
+
+    Returns:
+      The :class:`~calib_jax.posthoc.Calibrator`, with parameters and aux
+      bit-identical to the saved ones.
+
+    Raises:
+      ValueError: missing or unreadable file, a file that is not a saved
+        calibrator, another format kind or version, an unknown calibration
+        map, a name that does not fit the map or is not ``name``, a corrupt
+        archive member, a stored dtype other than the header's, or
+        parameters that the map does not read or its fitter never returns
+        (one line naming the file).
     """
-    if not _checks.is_concrete(leaf):
-        return
-    v = np.asarray(leaf, np.float64)
-    bad = ~np.isfinite(v)
-    rule = "finite"
-    if positive:
-        bad |= ~(v > 0)
-        rule = "finite and > 0"
-    elif unit:
-        bad |= ~((v >= 0) & (v <= 1))
-        rule = "in [0, 1]"
-    if bad.any():
-        index = tuple(int(i) for i in np.argwhere(bad)[0])
-        at = f" at {index}" if index else ""
-        raise ValueError(f"{name} must be {rule}, got {v[index]}{at}.")
-    if ascending and v.shape[-1] > 1 and (np.diff(v, axis=-1) < 0).any():
-        raise ValueError(f"{name} must be non-decreasing along its last axis.")
-
-
-def check_affine_params(params, *, values: bool = True, matrix: bool) -> int:
-    """Checks vector (``w [K]``) or matrix/Dirichlet (``W [K, K]``) scaling
-    parameters with a bias ``b [K]``; returns K."""
-    key = "W" if matrix else "w"
-    arrays = param_arrays(params, {key: 2 if matrix else 1, "b": 1})
-    k = same_classes(arrays, {key: (0, 1) if matrix else (0,), "b": (0,)})
-    if values:
-        for name, leaf in arrays.items():
-            check_param_values(f"params[{name!r}]", leaf)
-    return k
-
-
-def check_vector_params(params, *, values: bool = True) -> int:
-    """Vector scaling parameters ``{'w': [K], 'b': [K]}``; returns K."""
-    return check_affine_params(params, values=values, matrix=False)
-
-
-def check_matrix_params(params, *, values: bool = True) -> int:
-    """Matrix scaling or Dirichlet parameters ``{'W': [K, K], 'b': [K]}``;
-    returns K."""
-    return check_affine_params(params, values=values, matrix=True)
-
-
-def check_classes(calibrator: Calibrator, logits: jax.Array, k: int | None) -> None:
-    """ValueError unless ``logits`` has the ``k`` classes the parameters are
-    for (``None``: any number)."""
-    if k is not None and (logits.ndim != 2 or logits.shape[1] != k):
-        raise ValueError(
-            f"calibrator {calibrator.name!r} was fitted for K = {k} classes: logits "
-            f"must have shape [N, {k}], got shape {logits.shape}."
-        )
-
-
-class Method(NamedTuple):
-    """A trainable calibration map, as used by the class-wise loss scaling.
-
-    All functions are pure; ``weights`` are per-example weights summing to 1
-    (the base objective is :math:`\\sum_n \\omega_n \\ell_n`, with
-    :math:`\\ell_n` the NLL for every method here).
-
-    Attributes:
-      name: registry name of the base method.
-      init: ``(logits, labels, weights, key) -> params`` initial parameters.
-      train: ``(params, logits, labels, weights, budget) -> params``; ``budget``
-        is an int (traced under jit): L-BFGS iterations, or Adam steps for PTS. One unit is
-        "one training iteration" in the class-wise scaling (Eq. 6 of
-        Jung et al. 2023).
-      apply: ``(params, logits) -> calibrated logits``.
-      budget: default training budget.
-      accuracy_preserving: True when ``apply`` never changes the argmax.
-    """
-
-    name: str
-    init: Callable
-    train: Callable
-    apply: Callable
-    budget: int
-    accuracy_preserving: bool
+    name, key, params, aux = _persist.read(path, name=name)
+    return Calibrator(
+        params=params, aux=aux, name=name, apply_fn=_methods.MAPS[key].apply
+    )

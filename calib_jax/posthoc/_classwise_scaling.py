@@ -62,8 +62,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from calib_jax import _checks
-from calib_jax.posthoc import _core, _pts, _validate
-from calib_jax.posthoc._calibrator import Method
+from calib_jax.posthoc import _base, _core, _validate
+
 
 ALPHA0 = 1.0
 BETA0 = 1.5
@@ -219,7 +219,7 @@ def fit_alpha_beta(
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(method: Method):
+def _compiled(method: _base.Method):
     """Jitted pieces of a method (cached per Method instance)."""
 
     def class_losses(params, z, labels, weights):
@@ -244,7 +244,7 @@ def class_weights_to_sample_weights(class_weights, labels, uniform_weights):
 
 
 def fit_classwise(
-    method: Method,
+    method: _base.Method,
     logits: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
     *,
@@ -264,7 +264,7 @@ def fit_classwise(
     procedure and its conventions.
 
     Args:
-      method: the base :class:`~calib_jax.posthoc._calibrator.Method` (TS,
+      method: the base :class:`~calib_jax.posthoc.Method` (TS,
         ETS, PTS or CTS, NLL-trained).
       logits: float ``[N, K]``.
       labels: int ``[N]`` class ids in ``[0, K)``.
@@ -294,7 +294,7 @@ def fit_classwise(
     k = z.shape[-1]
     present = np.asarray(_core.class_sizes(labels, uniform, k)) > 0
 
-    params = fns["init"](z, labels, uniform, _pts.as_key(seed))
+    params = fns["init"](z, labels, uniform, _core.as_key(seed))
     losses0 = np.asarray(fns["class_losses"](params, z, labels, uniform))
     params = fns["train"](params, z, labels, uniform, 1)
     losses1 = np.asarray(fns["class_losses"](params, z, labels, uniform))

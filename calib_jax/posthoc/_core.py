@@ -211,3 +211,13 @@ def fit_nll_lbfgs(
 
     params, _ = lbfgs_minimize(objective, params0, max_iter=max_iter, gtol=tol)
     return params
+
+
+def as_key(seed):
+    """A PRNG key from an int seed, an integer array or a key (returned as is)."""
+    if isinstance(seed, (int,)) and not isinstance(seed, bool):
+        return jax.random.key(seed)
+    seed = jnp.asarray(seed)
+    if jnp.issubdtype(seed.dtype, jax.dtypes.prng_key):
+        return seed
+    return jax.random.key(seed)

@@ -6,8 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from calib_jax import _checks
-from calib_jax.posthoc import _calibrator, _core, _validate
-from calib_jax.posthoc._calibrator import Method
+from calib_jax.posthoc import _base, _core, _validate
 
 
 def apply_cts(params, logits: jax.typing.ArrayLike) -> jax.Array:
@@ -53,10 +52,10 @@ def apply_cts_params(params, logits):
 
 def check_cts_params(params, *, values: bool = True) -> int:
     """CTS parameters ``{'temperatures': [K]}``, finite and > 0; returns K."""
-    arrays = _calibrator.param_arrays(params, {"temperatures": 1})
-    k = _calibrator.same_classes(arrays, {"temperatures": (0,)})
+    arrays = _base.param_arrays(params, {"temperatures": 1})
+    k = _base.same_classes(arrays, {"temperatures": (0,)})
     if values:
-        _calibrator.check_param_values(
+        _base.check_param_values(
             "params['temperatures']", arrays["temperatures"], positive=True
         )
     return k
@@ -136,7 +135,7 @@ def _train(params, z, labels, weights, *, budget, tol=1e-6):
 
 
 def cts_method(*, max_iter: int = 500, tol: float = 1e-6):
-    """CTS (NLL) as a :class:`~calib_jax.posthoc._calibrator.Method`."""
+    """CTS (NLL) as a :class:`~calib_jax.posthoc.Method`."""
 
     def init(logits, labels, weights, key):
         del labels, weights, key
@@ -145,4 +144,4 @@ def cts_method(*, max_iter: int = 500, tol: float = 1e-6):
     def train(params, logits, labels, weights, budget):
         return _train(params, logits, labels, weights, budget=budget, tol=tol)
 
-    return Method("cts", init, train, apply_cts_params, max_iter, False)
+    return _base.Method("cts", init, train, apply_cts_params, max_iter, False)

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from calib_jax import _checks
-from calib_jax.posthoc import _blocked, _calibrator, _core, _temperature, _validate
-from calib_jax.posthoc._calibrator import Method
+from calib_jax.posthoc import _base, _core, _temperature, _validate
+
 
 FORMS = ("original", "logit")
 
@@ -89,14 +89,14 @@ def _apply_logit(params, logits):
 def check_ets_params(params, *, values: bool = True) -> None:
     """ETS parameters (either form): ``temperature []`` finite and > 0,
     ``weights [3]`` in [0, 1] summing to 1 (any K)."""
-    arrays = _calibrator.param_arrays(params, {"temperature": 0, "weights": 1})
+    arrays = _base.param_arrays(params, {"temperature": 0, "weights": 1})
     w = arrays["weights"]
     if w.shape != (3,):
         raise ValueError(f"params['weights'] must have shape (3,), got {w.shape}.")
     if values:
         t = arrays["temperature"]
-        _calibrator.check_param_values("params['temperature']", t, positive=True)
-        _calibrator.check_param_values("params['weights']", w, unit=True)
+        _base.check_param_values("params['temperature']", t, positive=True)
+        _base.check_param_values("params['weights']", w, unit=True)
         total = float(jnp.sum(jnp.asarray(w, jnp.float32)))
         if abs(total - 1.0) > 1e-3:
             raise ValueError(f"params['weights'] must sum to 1, got sum {total:.6g}.")
@@ -209,8 +209,8 @@ def _stage2_objective(z, labels, weights, u, form):
     m = jnp.max(z, axis=-1)
     gap = _core.pick(z, labels) - m  # z_y - max z <= 0
     s = jnp.exp(-u)
-    log_p_t = s * gap - jnp.log(_blocked.exp_sums(z, m, s, with_w=False))
-    log_p_1 = gap - jnp.log(_blocked.exp_sums(z, m, jnp.ones_like(s), with_w=False))
+    log_p_t = s * gap - jnp.log(_temperature.exp_sums(z, m, s))
+    log_p_1 = gap - jnp.log(_temperature.exp_sums(z, m, jnp.ones_like(s)))
     terms = jnp.stack([log_p_t, log_p_1, jnp.full_like(log_p_t, -math.log(k))], -1)
 
     def original(v):
@@ -221,7 +221,7 @@ def _stage2_objective(z, labels, weights, u, form):
 
 
 def ets_method(*, form: str = "original", max_iter: int = 100, tol: float = 1e-6):
-    """ETS (NLL) as a :class:`~calib_jax.posthoc._calibrator.Method`."""
+    """ETS (NLL) as a :class:`~calib_jax.posthoc.Method`."""
     _checks.check_choice("form", form, FORMS)
 
     def init(logits, labels, weights, key):
@@ -233,7 +233,7 @@ def ets_method(*, form: str = "original", max_iter: int = 100, tol: float = 1e-6
             params, logits, labels, weights, budget=budget, form=form, tol=tol
         )
 
-    return Method("ets", init, train, apply_fn(form), max_iter, True)
+    return _base.Method("ets", init, train, apply_fn(form), max_iter, True)
 
 
 def apply_fn(form: str):

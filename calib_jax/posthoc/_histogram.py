@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from calib_jax import _checks
-from calib_jax.posthoc import _calibrator, _reduction, _validate
+from calib_jax.posthoc import _base, _reduction, _validate
 
 BINNINGS = ("equal_mass", "equal_width")
 # Where an equal-mass threshold sits between two groups: at the last score
@@ -72,10 +72,10 @@ def check_params(params, *, values: bool = True) -> int:
     """Histogram binning parameters (either variant): ``fitted [K]`` bool,
     ``thresholds [K, M-1]`` ascending and ``values [K, M]`` in [0, 1];
     returns K."""
-    arrays = _calibrator.param_arrays(
+    arrays = _base.param_arrays(
         params, {"fitted": 1, "thresholds": 2, "values": 2}, bools=("fitted",)
     )
-    k = _calibrator.same_classes(
+    k = _base.same_classes(
         arrays, {"fitted": (0,), "thresholds": (0,), "values": (0,)}
     )
     thr, val = arrays["thresholds"], arrays["values"]
@@ -85,8 +85,8 @@ def check_params(params, *, values: bool = True) -> int:
             f"has thresholds, got shapes {val.shape} and {thr.shape}."
         )
     if values:
-        _calibrator.check_param_values("params['thresholds']", thr, ascending=True)
-        _calibrator.check_param_values("params['values']", val, unit=True)
+        _base.check_param_values("params['thresholds']", thr, ascending=True)
+        _base.check_param_values("params['values']", val, unit=True)
     return k
 
 

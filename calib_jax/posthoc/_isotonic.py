@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from calib_jax import _checks
-from calib_jax.posthoc import _calibrator, _reduction, _validate
+from calib_jax.posthoc import _base, _reduction, _validate
 
 
 def _binary_map(params, v, cls):
@@ -43,8 +43,8 @@ def apply_one_vs_rest(params, logits):
 def check_params(params, *, values: bool = True) -> int:
     """Isotonic parameters (either variant): knots ``x [K, M]`` ascending
     and ``y [K, M]`` non-decreasing in [0, 1], ``M >= 2``; returns K."""
-    arrays = _calibrator.param_arrays(params, {"x": 2, "y": 2})
-    k = _calibrator.same_classes(arrays, {"x": (0,), "y": (0,)})
+    arrays = _base.param_arrays(params, {"x": 2, "y": 2})
+    k = _base.same_classes(arrays, {"x": (0,), "y": (0,)})
     x, y = arrays["x"], arrays["y"]
     if x.shape != y.shape or x.shape[1] < 2:
         raise ValueError(
@@ -52,8 +52,8 @@ def check_params(params, *, values: bool = True) -> int:
             f"M >= 2 knots, got {x.shape} and {y.shape}."
         )
     if values:
-        _calibrator.check_param_values("params['x']", x, ascending=True)
-        _calibrator.check_param_values("params['y']", y, unit=True, ascending=True)
+        _base.check_param_values("params['x']", x, ascending=True)
+        _base.check_param_values("params['y']", y, unit=True, ascending=True)
     return k
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from flax import struct
 
 from calib_jax import _checks, storage
-from calib_jax.posthoc import _calibrator, _core, _validate
+from calib_jax.posthoc import _base, _core, _validate
 
 FORMAT = "calib_jax.posthoc.MultilabelTemperature"
 FORMAT_VERSION = 1
@@ -134,7 +134,7 @@ def apply_multilabel_temperature(
             f"temperatures must have shape [L] with L = logits.shape[-1]; got "
             f"temperatures {t.shape} for logits {logits.shape}."
         )
-    _calibrator.check_param_values("temperatures", t, positive=True)
+    _base.check_param_values("temperatures", t, positive=True)
     dtype = jnp.promote_types(logits.dtype, jnp.float32)
     t = t.astype(dtype).reshape((1,) * (logits.ndim - 1) + t.shape)
     return logits.astype(dtype) / t
@@ -332,10 +332,7 @@ class MultilabelTemperature:
         """Host-side summary (JSON-serialisable), as
         :meth:`Calibrator.summary`: scalars as floats, vectors of at most 8
         entries in full, larger arrays by shape, mean, min and max."""
-        as_calibrator = _calibrator.Calibrator(
-            params={"temperatures": self.temperatures}, aux=self.aux, name=self.name
-        )
-        return as_calibrator.summary()
+        return _base.summarize({"temperatures": self.temperatures}, self.aux)
 
     def save(self, path, *, overwrite: bool = False) -> None:
         """Writes the calibrator to ``path`` (``.npz``, module docstring);
@@ -423,7 +420,7 @@ class MultilabelTemperature:
                 f"L = {num_labels!r}."
             )
         try:
-            _calibrator.check_param_values("temperatures", t, positive=True)
+            _base.check_param_values("temperatures", t, positive=True)
         except ValueError as err:
             raise ValueError(f"{path} is corrupt: {err}") from None
         aux = {k: jnp.asarray(arrays[k]) for k in _AUX if k in arrays}

@@ -8,7 +8,7 @@ File format (``FORMAT_VERSION`` 1): one NumPy ``.npz`` archive (a zip of
 - ``__header__``: a 0-d unicode array holding a JSON object with
   ``format`` (``"calib_jax.posthoc.Calibrator"``), ``version`` (1),
   ``name`` (the registry name, e.g. ``"ts:nll"``), ``apply`` (the key of
-  the calibration map in :data:`APPLY_KEYS`, e.g. ``"ets(logit)"``), and
+  the calibration map in ``_methods.MAPS``, e.g. ``"ets(logit)"``), and
   ``params`` and ``aux``: the structure of the two pytrees;
 - ``p0, p1, ...`` and ``a0, a1, ...``: the array leaves of ``params`` and
   ``aux``, in the order of the structure.
@@ -34,103 +34,21 @@ temperature > 0). Anything else is a one-line ``ValueError``.
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import zipfile
-from collections.abc import Callable
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
 from calib_jax import storage
+from calib_jax.posthoc import _methods
 
 FORMAT = "calib_jax.posthoc.Calibrator"
 FORMAT_VERSION = 1
 _HEADER = "__header__"
-
-
-class _Map(NamedTuple):
-    """A calibration map a saved file can name.
-
-    Attributes:
-      apply: the ``apply_fn``.
-      check: ``(params, *, values) -> K | None``, the parameter tree the map
-        reads (declared next to the map): ValueError for another structure,
-        rank, dtype or (``values``) a value outside what the fitter returns;
-        the number of classes the parameters are for (None: any).
-    """
-
-    apply: Callable
-    check: Callable
-
-
-@functools.cache
-def _maps() -> dict[str, _Map]:
-    """Key -> calibration map of every calibrator the library fits."""
-    from calib_jax.posthoc import (
-        _binary,
-        _calibrator,
-        _cts,
-        _dirichlet,
-        _ets,
-        _histogram,
-        _isotonic,
-        _matrix,
-        _pts,
-        _temperature,
-    )
-
-    return {
-        "ts": _Map(_temperature.apply_ts_params, _temperature.check_ts_params),
-        "ets": _Map(_ets.apply_fn("original"), _ets.check_ets_params),
-        "ets(logit)": _Map(_ets.apply_fn("logit"), _ets.check_ets_params),
-        "pts": _Map(_pts.apply_pts_params, _pts.check_pts_params),
-        "cts": _Map(_cts.apply_cts_params, _cts.check_cts_params),
-        "vector": _Map(_matrix.apply_vector_params, _calibrator.check_vector_params),
-        "matrix": _Map(_matrix.apply_matrix_params, _calibrator.check_matrix_params),
-        "dirichlet": _Map(
-            _dirichlet.apply_dirichlet_params, _calibrator.check_matrix_params
-        ),
-        "histogram_binning(top_label)": _Map(
-            _histogram.apply_top_label, _histogram.check_params
-        ),
-        "histogram_binning(one_vs_rest)": _Map(
-            _histogram.apply_one_vs_rest, _histogram.check_params
-        ),
-        "isotonic(top_label)": _Map(_isotonic.apply_top_label, _isotonic.check_params),
-        "isotonic(one_vs_rest)": _Map(
-            _isotonic.apply_one_vs_rest, _isotonic.check_params
-        ),
-        "platt": _Map(_binary.apply_platt_params, _binary.check_platt_params),
-        "beta": _Map(_binary.apply_beta_params, _binary.check_beta_params),
-    }
-
-
-def _apply_table() -> dict[str, Callable]:
-    """Key -> ``apply_fn`` of every calibrator the library fits."""
-    return {key: m.apply for key, m in _maps().items()}
-
-
-def apply_keys() -> tuple[str, ...]:
-    """The calibration maps a saved file can name (its ``apply`` field)."""
-    return tuple(_maps())
-
-
-def num_classes(apply_fn: Callable, params) -> int | None:
-    """The number of classes ``params`` of a library map are for, from their
-    shapes only (also under ``jax.jit``); None for a map that takes any K, a
-    map of another library, or a tree its map does not declare (e.g. the
-    stacked parameters of a vmapped fit)."""
-    for m in _maps().values():
-        if m.apply is apply_fn:
-            try:
-                return m.check(params, values=False)
-            except ValueError:
-                return None
-    return None
 
 
 def _base(name: str) -> str:
@@ -270,12 +188,12 @@ def save(calibrator, path, *, overwrite: bool = False) -> None:
     path = storage.as_path(path, what="path")
     if path.exists() and not overwrite:
         raise ValueError(f"{path} already exists; pass overwrite=True to replace it.")
-    table = _apply_table()
-    key = next((k for k, fn in table.items() if fn is calibrator.apply_fn), None)
+    maps = _methods.MAPS
+    key = next((k for k, m in maps.items() if m.apply is calibrator.apply_fn), None)
     if key is None:
         raise ValueError(
             f"cannot save calibrator {calibrator.name!r}: its apply_fn is not a "
-            f"calibration map of calib_jax.posthoc (known: {', '.join(table)})."
+            f"calibration map of calib_jax.posthoc (known: {', '.join(maps)})."
         )
     arrays: dict[str, np.ndarray] = {}
     header = {
@@ -296,30 +214,9 @@ def save(calibrator, path, *, overwrite: bool = False) -> None:
         raise ValueError(msg) from None
 
 
-def load(path, *, name: str | None = None):
-    """Reads a calibrator written by :meth:`Calibrator.save`.
-
-    Args:
-      path: local or object-store path (``etils.epath``).
-      name: optional expected registry name (e.g. ``'ts:nll'``); another
-        name is an error.
-
-    Returns:
-      The :class:`~calib_jax.posthoc.Calibrator`, with parameters and aux
-      bit-identical to the saved ones.
-
-    Raises:
-      ValueError: missing or unreadable file, a file that is not a saved
-        calibrator, another format kind or version, an unknown calibration
-        map, a name that does not fit the map or is not ``name``, a corrupt
-        archive member, a stored dtype other than the header's, or
-        parameters that the map does not read or its fitter never returns
-        (one line naming the file).
-    """
-    from etils import epath
-
-    from calib_jax.posthoc._calibrator import Calibrator
-
+def read(path, *, name: str | None = None):
+    """``(name, map key, params, aux)`` of a file written by :func:`save`,
+    checked as :func:`calib_jax.posthoc.load` says (one-line ValueErrors)."""
     path = epath.Path(path)
     if not path.exists():
         raise ValueError(f"calibrator file {path} does not exist.")
@@ -360,7 +257,7 @@ def load(path, *, name: str | None = None):
             f"{path} was saved in {FORMAT} format version {version!r}; this "
             f"calib_jax reads version {FORMAT_VERSION}."
         )
-    maps = _maps()
+    maps = _methods.MAPS
     key = header.get("apply")
     if not isinstance(key, str) or key not in maps:
         raise ValueError(
@@ -396,6 +293,4 @@ def load(path, *, name: str | None = None):
         raise ValueError(
             f"{path} is corrupt: bad parameters for calibration map {key!r}: {err}"
         ) from None
-    return Calibrator(
-        params=params, aux=aux, name=header["name"], apply_fn=maps[key].apply
-    )
+    return header["name"], key, params, aux

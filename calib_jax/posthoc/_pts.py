@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import optax
 
 from calib_jax import _checks
-from calib_jax.posthoc import _calibrator, _core, _temperature, _validate
-from calib_jax.posthoc._calibrator import Method
+from calib_jax.posthoc import _base, _core, _temperature, _validate
+
 
 LOSSES = ("nll", "brier")
 # Floor of the per-sample temperature |h(z)|: keeps z / T finite where the
@@ -150,7 +150,7 @@ def fit_pts(
     hidden = tuple(_checks.check_positive_int("hidden", h) for h in hidden)
     steps = _checks.check_positive_int("steps", steps)
     _validate.check_nonnegative("weight_decay", weight_decay)
-    key = as_key(seed)
+    key = _core.as_key(seed)
     params = _fit(
         logits,
         labels,
@@ -165,16 +165,6 @@ def fit_pts(
     )
     _validate.warn_if_suspicious(logits, labels, where, name="fit_pts")
     return params
-
-
-def as_key(seed):
-    """A PRNG key from an int seed, an integer array or a key (returned as is)."""
-    if isinstance(seed, (int,)) and not isinstance(seed, bool):
-        return jax.random.key(seed)
-    seed = jnp.asarray(seed)
-    if jnp.issubdtype(seed.dtype, jax.dtypes.prng_key):
-        return seed
-    return jax.random.key(seed)
 
 
 @functools.partial(jax.jit, static_argnames=("top_k", "hidden", "loss"))
@@ -239,7 +229,7 @@ def pts_method(
     learning_rate: float = 1e-2,
     weight_decay: float = 0.0,
 ):
-    """PTS with the NLL loss as a :class:`~calib_jax.posthoc._calibrator.Method`."""
+    """PTS with the NLL loss as a :class:`~calib_jax.posthoc.Method`."""
 
     def init(logits, labels, weights, key):
         del labels, weights
@@ -259,7 +249,7 @@ def pts_method(
             loss="nll",
         )
 
-    return Method("pts", init, train, apply_pts_params, steps, True)
+    return _base.Method("pts", init, train, apply_pts_params, steps, True)
 
 
 def apply_pts_params(params, logits):
@@ -281,8 +271,8 @@ def check_pts_params(params, *, values: bool = True) -> None:
     for i, layer in enumerate(params):
         if not isinstance(layer, (list, tuple)) or len(layer) != 2:
             raise ValueError(f"params[{i}] must be a (w, b) pair.")
-        w = _calibrator.param_array(layer[0], f"params[{i}][0]", 2)
-        b = _calibrator.param_array(layer[1], f"params[{i}][1]", 1)
+        w = _base.param_array(layer[0], f"params[{i}][0]", 2)
+        b = _base.param_array(layer[1], f"params[{i}][1]", 1)
         d_out = 1 if i == len(params) - 1 else w.shape[1]
         if (
             (width is not None and w.shape[0] != width)
@@ -295,5 +285,5 @@ def check_pts_params(params, *, values: bool = True) -> None:
             )
         width = d_out
         if values:
-            _calibrator.check_param_values(f"params[{i}][0]", w)
-            _calibrator.check_param_values(f"params[{i}][1]", b)
+            _base.check_param_values(f"params[{i}][0]", w)
+            _base.check_param_values(f"params[{i}][1]", b)

@@ -10,7 +10,7 @@ import pytest
 from posthoc._data import overconfident
 
 from calib_jax import kernels, posthoc
-from calib_jax.posthoc import _blocked, _temperature
+from calib_jax.posthoc import _cpu_kernels, _temperature
 
 MODES = ("tuned", "plain")
 
@@ -31,7 +31,7 @@ def _nll_value_and_grad(z, y, u):
 def test_nll_objective_value_and_derivative_match_float64(mode, data):
     z, y = data
     # Several blocks of rows (the last one shifted) on the tuned path.
-    assert _blocked.block_rows(len(y), 1 << 12) < len(y)
+    assert _cpu_kernels.block_rows(len(y), 1 << 12) < len(y)
     for u in (-0.5, 0.4, 1.2):
         with kernels.use(mode, "posthoc_temperature"):
             value, grad = _nll_value_and_grad(jnp.asarray(z), jnp.asarray(y), u)
@@ -45,21 +45,25 @@ def test_nll_objective_value_and_derivative_match_float64(mode, data):
 def test_exp_sums_agree_across_forms_on_several_blocks(monkeypatch, data):
     z, _ = data
     # Small blocks: the tuned loop runs 4 blocks, the last one shifted.
-    monkeypatch.setattr(_blocked, "BLOCK_ELEMENTS", 4000)
+    monkeypatch.setattr(_cpu_kernels, "BLOCK_ELEMENTS", 4000)
     zj = jnp.asarray(z)
     m = jnp.max(zj, axis=1)
+    per_row = jnp.linspace(0.2, 2.0, len(z))
     out = {}
     for mode in MODES:
         with kernels.use(mode, "posthoc_temperature"):
-            per_row = jnp.linspace(0.2, 2.0, len(z))
             out[mode] = jax.jit(
                 lambda z, m, s: (
-                    _blocked.exp_sums(z, m, 0.5, with_w=True),
-                    _blocked.exp_sums(z, m, s, with_w=False),
+                    _temperature.exp_sums(z, m, 0.5),
+                    _temperature.exp_sums(z, m, s),
                 )
             )(zj, m, per_row)
     for a, b in zip(jax.tree.leaves(out["tuned"]), jax.tree.leaves(out["plain"])):
         np.testing.assert_allclose(a, b, rtol=2e-6)
+    # The tuned pass's W is the derivative of S in s.
+    _, w = jax.jit(lambda z, m: _cpu_kernels.exp_sums(z, m, 0.5, with_w=True))(zj, m)
+    _, dw = jax.jvp(lambda s: _temperature.exp_sums.plain(zj, m, s), (0.5,), (1.0,))
+    np.testing.assert_allclose(w, dw, rtol=2e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -1,0 +1,195 @@
+"""Shared by the post-hoc method modules: the :class:`Method` description of a
+trainable calibration map, the checks of a parameter tree against the map that
+reads it, and the host-side summary of fitted parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from calib_jax import _checks
+
+
+def summarize(*trees) -> dict[str, Any]:
+    """Host-side summary of parameter pytrees (JSON-serialisable).
+
+    Scalars are reported as floats; arrays by shape, mean, min and max;
+    small vectors (at most 8 entries) in full. None trees are skipped.
+    """
+    out = {}
+    for tree in trees:
+        if tree is None:
+            continue
+        flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+        for path, leaf in flat:
+            out["/".join(_key_name(k) for k in path)] = _describe(np.asarray(leaf))
+    return out
+
+
+def _key_name(k) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def _describe(x: np.ndarray):
+    if x.ndim == 0:
+        return float(x)
+    if x.size <= 8 and x.ndim == 1:
+        return [float(v) for v in x]
+    return {
+        "shape": list(x.shape),
+        "mean": float(x.mean()),
+        "min": float(x.min()),
+        "max": float(x.max()),
+    }
+
+
+# ---------------------------------------------------------------------------
+# Checks of a parameter tree against the map that reads it. Each calibration
+# map declares one ``check_*_params(params, *, values) -> K | None`` next to
+# its apply function (built from the helpers below); ``posthoc.load`` runs it
+# with ``values=True`` on a loaded tree, :meth:`Calibrator.apply` with
+# ``values=False`` (shapes only, also under ``jax.jit``) to learn the number
+# of classes the parameters are for. Messages name the parameter and what
+# the map needs, one line, for the caller to prefix.
+# ---------------------------------------------------------------------------
+
+
+def param_arrays(params, ranks: dict[str, int], *, bools=()) -> dict[str, Any]:
+    """The array leaves of a flat parameter dict, by key.
+
+    Args:
+      params: the parameter tree.
+      ranks: key -> rank of every entry the map reads (no other keys).
+      bools: keys of bool arrays; the others must be floating point.
+
+    Raises:
+      ValueError: another container or other keys, a leaf that is not an
+        array, another dtype kind or rank.
+    """
+    if not isinstance(params, dict) or set(params) != set(ranks):
+        got = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise ValueError(f"params must be a dict with keys {sorted(ranks)}, got {got}.")
+    out = {}
+    for key, rank in ranks.items():
+        out[key] = param_array(params[key], f"params[{key!r}]", rank, key in bools)
+    return out
+
+
+def param_array(leaf, name: str, rank: int, boolean: bool = False):
+    """``leaf`` if it is an array of ``rank`` (bool or floating); ValueError."""
+    if not isinstance(leaf, (jax.Array, np.ndarray)):
+        # ValueError: a saved file that is wrong is one error kind for load.
+        raise ValueError(f"{name} must be an array, got {type(leaf).__name__}.")  # noqa: TRY004
+    kind = "bool" if boolean else "floating point"
+    ok = (
+        leaf.dtype == jnp.bool_ if boolean else jnp.issubdtype(leaf.dtype, jnp.floating)
+    )
+    if not ok:
+        raise ValueError(f"{name} must be {kind}, got dtype {leaf.dtype}.")
+    if leaf.ndim != rank:
+        raise ValueError(f"{name} must have rank {rank}, got shape {leaf.shape}.")
+    return leaf
+
+
+def same_classes(arrays: dict[str, Any], axes: dict[str, tuple[int, ...]]) -> int:
+    """The number of classes ``K >= 2`` that the named axes all share.
+
+    Args:
+      arrays: key -> array (from :func:`param_arrays`).
+      axes: key -> the axes of that array holding one entry per class.
+    """
+    sizes = {
+        f"params[{key!r}].shape[{axis}]": arrays[key].shape[axis]
+        for key, key_axes in axes.items()
+        for axis in key_axes
+    }
+    k = next(iter(sizes.values()))
+    if any(v != k for v in sizes.values()) or k < 2:
+        shapes = ", ".join(f"{key!r}: {arrays[key].shape}" for key in axes)
+        raise ValueError(
+            f"params must hold one entry per class for K >= 2 classes alike, got "
+            f"shapes {shapes}."
+        )
+    return int(k)
+
+
+def check_param_values(name: str, leaf, *, positive=False, unit=False, ascending=False):
+    """Value checks of one concrete parameter array (nothing for tracers).
+
+    Every entry must be finite; ``positive``: > 0; ``unit``: in [0, 1];
+    ``ascending``: non-decreasing along the last axis.
+    """
+    if not _checks.is_concrete(leaf):
+        return
+    v = np.asarray(leaf, np.float64)
+    bad = ~np.isfinite(v)
+    rule = "finite"
+    if positive:
+        bad |= ~(v > 0)
+        rule = "finite and > 0"
+    elif unit:
+        bad |= ~((v >= 0) & (v <= 1))
+        rule = "in [0, 1]"
+    if bad.any():
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        at = f" at {index}" if index else ""
+        raise ValueError(f"{name} must be {rule}, got {v[index]}{at}.")
+    if ascending and v.shape[-1] > 1 and (np.diff(v, axis=-1) < 0).any():
+        raise ValueError(f"{name} must be non-decreasing along its last axis.")
+
+
+def check_affine_params(params, *, values: bool = True, matrix: bool) -> int:
+    """Checks vector (``w [K]``) or matrix/Dirichlet (``W [K, K]``) scaling
+    parameters with a bias ``b [K]``; returns K."""
+    key = "W" if matrix else "w"
+    arrays = param_arrays(params, {key: 2 if matrix else 1, "b": 1})
+    k = same_classes(arrays, {key: (0, 1) if matrix else (0,), "b": (0,)})
+    if values:
+        for name, leaf in arrays.items():
+            check_param_values(f"params[{name!r}]", leaf)
+    return k
+
+
+def check_vector_params(params, *, values: bool = True) -> int:
+    """Vector scaling parameters ``{'w': [K], 'b': [K]}``; returns K."""
+    return check_affine_params(params, values=values, matrix=False)
+
+
+def check_matrix_params(params, *, values: bool = True) -> int:
+    """Matrix scaling or Dirichlet parameters ``{'W': [K, K], 'b': [K]}``;
+    returns K."""
+    return check_affine_params(params, values=values, matrix=True)
+
+
+class Method(NamedTuple):
+    """A trainable calibration map, as used by the class-wise loss scaling.
+
+    All functions are pure; ``weights`` are per-example weights summing to 1
+    (the base objective is :math:`\\sum_n \\omega_n \\ell_n`, with
+    :math:`\\ell_n` the NLL for every method here).
+
+    Attributes:
+      name: registry name of the base method.
+      init: ``(logits, labels, weights, key) -> params`` initial parameters.
+      train: ``(params, logits, labels, weights, budget) -> params``; ``budget``
+        is an int (traced under jit): L-BFGS iterations, or Adam steps for PTS. One unit is
+        "one training iteration" in the class-wise scaling (Eq. 6 of
+        Jung et al. 2023).
+      apply: ``(params, logits) -> calibrated logits``.
+      budget: default training budget.
+      accuracy_preserving: True when ``apply`` never changes the argmax.
+    """
+
+    name: str
+    init: Callable
+    train: Callable
+    apply: Callable
+    budget: int
+    accuracy_preserving: bool

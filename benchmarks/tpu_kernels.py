@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from _timing import machine_line, write_section
 
 from calib_jax import kernels, losses
-from calib_jax.losses import _kernel_base
+from calib_jax.losses import _aurc, _base
 from calib_jax.metrics import _adaptive, _common, _conventions, _kernels, _ood
 from calib_jax.posthoc import _cpu_kernels as _posthoc_cpu_kernels
 from calib_jax.posthoc import _temperature
@@ -138,7 +138,7 @@ def _logits(k):
 
 def _rows_case(b, k, label, **flags):
     def fn(z, y):
-        stats = _kernel_base.row_stats(z, y, **flags)
+        stats = _base.row_stats(z, y, **flags)
         return sum(jnp.sum(v) for v in stats if v is not None)
 
     return Case(
@@ -192,12 +192,7 @@ def cases() -> list[Case]:
         Case(
             "sort_keys",
             "aurc loss tie groups, B = 4096",
-            lambda x: kernels.select(
-                "sort_keys",
-                _kernel_base.tie_groups_packed,
-                _kernel_base.tie_groups_plain,
-                x,
-            ),
+            _aurc.tie_groups,
             lambda n: [((n,), f32)],
             4096,
         )
@@ -263,7 +258,6 @@ def cases() -> list[Case]:
             ("loss_dual_focal", "dual_focal", losses.dual_focal),
             ("loss_mbls", "mbls", losses.mbls),
             ("loss_acls", "acls", losses.acls),
-            ("loss_mdca", "mdca", losses.mdca),
         ):
             out.append(Case(fam, f"{name}, {size}", _grad_sum(loss), _logits(k), b))
     for n, k in ((50_000, 1000), (10_000, 10)):

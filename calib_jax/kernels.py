@@ -109,7 +109,7 @@ FAMILIES: dict[str, Family] = {
         gpu="tuned",
     ),
     "loss_rows": Family(
-        "losses._cpu_kernels.row_stats",
+        "losses._cpu_kernels.row_parts",
         "softmax row statistics with a fused custom JVP",
         tpu="tuned",
         gpu="tuned",
@@ -127,7 +127,7 @@ FAMILIES: dict[str, Family] = {
         gpu="tuned",
     ),
     "loss_mbls": Family(
-        "losses._cpu_kernels.mbls_parts",
+        "losses._cpu_kernels.mbls_hinge",
         "MbLS hinge sum with a custom JVP",
         tpu="tuned",
         gpu="tuned",
@@ -138,14 +138,8 @@ FAMILIES: dict[str, Family] = {
         tpu="tuned",
         gpu="tuned",
     ),
-    "loss_mdca": Family(
-        "losses._cpu_kernels.prob_sums",
-        "MDCA's softmax column sums with a custom JVP",
-        tpu="tuned",
-        gpu="tuned",
-    ),
     "posthoc_temperature": Family(
-        "posthoc._cpu_kernels (exp_sums, nll_of_log_t, top_confidence_of_log_t)",
+        "posthoc._cpu_kernels.exp_sums",
         "row-blocked exp sums of temperature scaling and fused derivatives",
         tpu="plain",
         gpu="plain",
@@ -280,7 +274,7 @@ def dispatch(family: str, tuned: Callable) -> Callable[[Callable], Callable]:
     Examples:
       >>> import jax.numpy as jnp
       >>> from calib_jax import kernels
-      >>> @kernels.dispatch("loss_mdca", lambda x: x + 0.0)
+      >>> @kernels.dispatch("loss_acls", lambda x: x + 0.0)
       ... def twice_half(x):
       ...     return 2.0 * (x / 2.0)
       >>> float(twice_half(jnp.float32(3.0)))

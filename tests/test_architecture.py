@@ -37,7 +37,7 @@ LAYERS = (
 BASES = {
     "calib_jax._checks",
     "calib_jax.losses._validation_base",
-    "calib_jax.losses._kernel_base",
+    "calib_jax.losses._base",
 }
 
 
@@ -282,6 +282,37 @@ def test_each_posthoc_method_module_imports_only_the_shared_helpers():
         if theirs not in POSTHOC_SHARED | POSTHOC_METHODS[mine] | {mine}:
             taken.append(f"{module}:{line} imports {imported}")
     assert taken == []
+
+
+# Issue 21: each loss paper module keeps its equations in its own file. The
+# private loss modules it may import besides the bases (_base,
+# _validation_base): the CPU kernels' sidecar, and the loss modules its paper
+# builds on (the confidence scores it ranks, the released code's arithmetic).
+LOSS_MODULE_IMPORTS = {
+    "_au_pxtau": {"_au_pxtau_hist", "_confidence", "_released"},
+    "_au_pxtau_hist": {"_confidence", "_released"},
+    "_aurc": {"_confidence", "_cpu_kernels"},
+    "_base": {"_cpu_kernels"},
+    "_focal": {"_cpu_kernels", "_released"},
+    "_margin": {"_cpu_kernels", "_released"},
+    "_mmce": {"_released"},
+    "_soft_ece": {"_released"},
+}
+
+
+def test_loss_modules_import_only_the_bases_and_their_listed_modules():
+    bases = {"_base", "_validation_base"}
+    taken = {}
+    for module, imported, _, _ in _imports():
+        package, _, mine = module.rpartition(".")
+        if package != "calib_jax.losses" or not _private(mine):
+            continue
+        theirs = imported.rpartition(".")[2]
+        if imported.startswith("calib_jax.losses.") and theirs not in bases:
+            taken.setdefault(mine, set()).add(theirs)
+    assert taken == LOSS_MODULE_IMPORTS
+    # The sidecar of CPU kernels imports no loss module at all.
+    assert "_cpu_kernels" not in taken
 
 
 # Issue 21: each loss paper module keeps its equations in its own file. The

@@ -24,6 +24,7 @@ from jax import lax
 
 from calib_jax.losses import _released
 from calib_jax.losses._au_pxtau_hist import coverage_threshold, log_survival
+from calib_jax.losses._base import masked_mean, row_stats, zero_excluded_logits
 from calib_jax.losses._confidence import (
     bin_edges,
     check_csf,
@@ -31,7 +32,6 @@ from calib_jax.losses._confidence import (
     csf_score,
     histogram,
 )
-from calib_jax.losses._kernel_base import masked_mean, row_stats, zero_excluded_logits
 from calib_jax.losses._validation_base import (
     check_bool,
     check_logits,

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from calib_jax.losses import _released
+from calib_jax.losses._base import row_stats, zero_excluded_logits
 from calib_jax.losses._confidence import (
     bin_edges,
     check_csf,
@@ -23,7 +24,6 @@ from calib_jax.losses._confidence import (
     csf_score,
     histogram,
 )
-from calib_jax.losses._kernel_base import row_stats, zero_excluded_logits
 from calib_jax.losses._validation_base import (
     check_logits,
     check_unit_interval,

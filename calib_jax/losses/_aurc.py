@@ -14,13 +14,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import kernels
+from calib_jax.losses import _cpu_kernels
+from calib_jax.losses._base import row_stats, zero_excluded_logits
 from calib_jax.losses._confidence import check_csf, csf_flags, csf_score
-from calib_jax.losses._kernel_base import (
-    row_stats,
-    tie_groups_packed,
-    tie_groups_plain,
-    zero_excluded_logits,
-)
 from calib_jax.losses._validation_base import prepare
 
 
@@ -108,12 +104,7 @@ def _aurc(logits, labels, mask, *, csf):
     score = lax.stop_gradient(csf_score(csf, rows))
     # Descending score, excluded rows last; + 0.0 maps -0.0 to +0.0 so that
     # equal scores get equal keys.
-    first, new_group = kernels.select(
-        "sort_keys",
-        tie_groups_packed,
-        tie_groups_plain,
-        jnp.where(mask, -score, jnp.inf) + 0.0,
-    )
+    first, new_group = tie_groups(jnp.where(mask, -score, jnp.inf) + 0.0)
     b = score.shape[0]
     n = jnp.sum(mask.astype(dtype))
     rank = jnp.arange(1, b + 1, dtype=dtype)
@@ -126,3 +117,13 @@ def _aurc(logits, labels, mask, *, csf):
     group_size = jax.ops.segment_sum(jnp.ones_like(alpha), group, num_segments=b)
     alpha = (group_sum / jnp.maximum(group_size, 1.0))[group[first]]
     return jnp.sum(alpha * ce) / jnp.maximum(n, 1.0)
+
+
+@kernels.dispatch("sort_keys", _cpu_kernels.tie_groups)
+def tie_groups(x):
+    """``(first, new_group)`` of ascending ``x``: each sample's first sorted
+    position in its tie group (binary search), and the group starts."""
+    x_sorted = lax.sort(x)
+    first = jnp.searchsorted(x_sorted, x, side="left", method="scan")
+    new_group = jnp.concatenate([jnp.ones((1,), bool), x_sorted[1:] != x_sorted[:-1]])
+    return first, new_group

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from calib_jax.losses._kernel_base import row_stats, zero_excluded_logits
+from calib_jax.losses._base import row_stats, zero_excluded_logits
 from calib_jax.losses._validation_base import (
     check_open_unit_interval,
     check_positive,

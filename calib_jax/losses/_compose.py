@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from calib_jax.losses._kernel_base import masked_mean
+from calib_jax.losses._base import masked_mean
 from calib_jax.losses._validation_base import prepare
 
 # The abstract batch a term is evaluated on when it is bound: [B, K] float32

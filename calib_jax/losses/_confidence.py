@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from calib_jax.losses._kernel_base import Rows, row_stats
+from calib_jax.losses._base import Rows, row_stats
 from calib_jax.losses._validation_base import check_logits
 
 CSF_NAMES = ("msp", "neg_entropy", "softmax_margin")

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from calib_jax.losses._kernel_base import take_col, zero_excluded_rows, zero_masked
+from calib_jax.losses._base import take_col, zero_excluded_rows, zero_masked
 from calib_jax.losses._validation_base import check_nonnegative, prepare
 
 # Largest [B, block, K] pairwise slab CPC materialises at once (elements).

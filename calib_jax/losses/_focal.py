@@ -2,7 +2,7 @@ r"""The focal family: focal, sample-dependent focal (FLSD-53), inverse and dual 
 
 All four are reweighted cross-entropies :math:`-w(p)\log p_y`. The weights are
 evaluated in log space from the true-class-versus-rest log-odds
-:math:`d = z_y - \log\sum_{k \ne y} e^{z_k}` (see ``_kernel_base.true_vs_rest``):
+:math:`d = z_y - \log\sum_{k \ne y} e^{z_k}` (see ``_base.true_vs_rest``):
 :math:`\log p_y = \log\sigma(d)` and :math:`\log(1 - p_y) = \log\sigma(-d)` are
 finite with finite gradients even when :math:`p_y` rounds to 0 or 1, so
 :math:`(1 - p_y)^\gamma = \exp(\gamma \log(1 - p_y))` has no 0-to-a-power
@@ -18,10 +18,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import kernels
-from calib_jax.losses import _released
-from calib_jax.losses._kernel_base import (
-    dual_parts,
-    dual_parts_plain,
+from calib_jax.losses import _cpu_kernels, _released
+from calib_jax.losses._base import (
+    first_index,
     take_col,
     true_vs_rest,
     zero_excluded_rows,
@@ -393,9 +392,7 @@ def dual_focal(
 @functools.partial(jax.jit, static_argnames="variant")
 def _dual_focal(logits, labels, mask, gamma, *, variant):
     logits, labels = zero_excluded_rows(logits, labels, mask)
-    z_true, z_rest_max, rest_sum, first = kernels.select(
-        "loss_dual_focal", dual_parts, dual_parts_plain, logits, labels
-    )
+    z_true, z_rest_max, rest_sum, first = dual_parts(logits, labels)
     # log sum_{k != y} e^{z_k}; the shift is a constant (the sum is shift
     # invariant), as in true_vs_rest.
     lse_rest = lax.stop_gradient(z_rest_max) + jnp.log(rest_sum)
@@ -417,3 +414,17 @@ def _dual_focal(logits, labels, mask, gamma, *, variant):
         log_base = jnp.where(correct, log_base, log_1m_p_true)
     loss = -jnp.exp(gamma * log_base) * log_p_true
     return zero_masked(loss, mask)
+
+
+@kernels.dispatch("loss_dual_focal", _cpu_kernels.dual_parts)
+def dual_parts(z, labels):
+    """``(z_y, z_j*, sum_{k != y} e^{z_k - z_j*}, j*)`` per row, ``j*`` the first
+    arg-max among the non-true classes (int32). ``z_j*`` carries the gradient
+    of that entry; the sum holds it fixed, so ``stop_gradient(z_j*) +
+    log(sum)`` is the log-sum-exp of the rest with its exact derivatives."""
+    cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    rest = jnp.where(cols == labels[:, None], -jnp.inf, z)
+    first = first_index(rest, jnp.max(rest, axis=1))
+    z_rest_max = take_col(z, first)
+    e = jnp.exp(rest - lax.stop_gradient(z_rest_max)[:, None])
+    return take_col(z, labels), z_rest_max, jnp.sum(e, axis=1), first

@@ -14,13 +14,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import kernels
-from calib_jax.losses import _released
-from calib_jax.losses._kernel_base import (
-    acls_parts,
-    acls_parts_plain,
+from calib_jax.losses import _cpu_kernels, _released
+from calib_jax.losses._base import (
     first_index,
-    mbls_parts,
-    mbls_parts_plain,
+    take_col,
     zero_excluded_rows,
     zero_masked,
 )
@@ -105,10 +102,17 @@ def mbls(
 def _mbls(logits, labels, mask, margin, alpha):
     logits, _ = zero_excluded_rows(logits, labels, mask)
     dtype = logits.dtype
-    _, hinge, _, _ = kernels.select(
-        "loss_mbls", mbls_parts, mbls_parts_plain, logits, jnp.asarray(margin, dtype)
-    )
+    hinge = mbls_hinge(logits, jnp.asarray(margin, dtype))
     return zero_masked(jnp.asarray(alpha, dtype) * hinge, mask)
+
+
+@kernels.dispatch("loss_mbls", _cpu_kernels.mbls_hinge)
+def mbls_hinge(z, margin):
+    """``sum_k ReLU(max_j z_j - z_k - margin)`` per row; the maximum moves with
+    the first arg-max."""
+    top = take_col(z, first_index(z, jnp.max(z, axis=1)))
+    gap = top[:, None] - z - margin
+    return jnp.sum(jnp.where(gap > 0, gap, 0.0), axis=1)
 
 
 # ---------------------------------------------------------------------------
@@ -233,12 +237,23 @@ def _acls(logits, labels, mask, margin, lambda_1, lambda_2):
     logits, _ = zero_excluded_rows(logits, labels, mask)
     dtype = logits.dtype
     margin = jnp.asarray(margin, dtype)
-    top, low, _, neg, _, _, _ = kernels.select(
-        "loss_acls", acls_parts, acls_parts_plain, logits, margin
-    )
+    top, low, neg = acls_parts(logits, margin)
     pos = jax.nn.relu(top - low - margin) ** 2
     penalty = jnp.asarray(lambda_1, dtype) * pos + jnp.asarray(lambda_2, dtype) * neg
     return zero_masked(penalty, mask)
+
+
+@kernels.dispatch("loss_acls", _cpu_kernels.acls_parts)
+def acls_parts(z, margin):
+    """``(z_hat, min_k z_k, sum_j ReLU(z_hat - z_j - margin)^2)`` per row, Eq. (13)'s
+    parts (the ``j = argmax`` term is ``ReLU(-M)^2 = 0``, so the sum may run
+    over all ``j``); ``z_hat`` and the minimum move with the first
+    arg-max/arg-min."""
+    top = take_col(z, first_index(z, jnp.max(z, axis=1)))
+    low = take_col(z, first_index(z, jnp.min(z, axis=1)))
+    gap = top[:, None] - z - margin
+    relu_gap = jnp.where(gap > 0, gap, 0.0)
+    return top, low, jnp.sum(relu_gap * relu_gap, axis=1)
 
 
 def acls_logit_grad(

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
-from calib_jax import kernels
-from calib_jax.losses._kernel_base import (
-    prob_sums,
-    prob_sums_plain,
-    zero_excluded_logits,
-)
+from calib_jax.losses._base import zero_excluded_logits
 from calib_jax.losses._validation_base import prepare
 
 
@@ -68,7 +64,9 @@ def _mdca(logits, labels, mask):
     logits = zero_excluded_logits(logits, mask)
     dtype = logits.dtype
     mf = mask.astype(dtype)
-    mean_prob = kernels.select("loss_mdca", prob_sums, prob_sums_plain, logits, mf)
+    # sum_i w_i p_ik: the softmax written out, its shift a constant.
+    e = jnp.exp(logits - lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)))
+    mean_prob = jnp.sum((mf / jnp.sum(e, axis=-1))[:, None] * e, axis=0)
     # Label frequencies by a scatter-add of B ones (no [B, K] one-hot).
     freq = jnp.zeros(logits.shape[-1], dtype).at[labels].add(mf)
     n = jnp.maximum(jnp.sum(mf), 1.0)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from calib_jax.losses import _released
-from calib_jax.losses._kernel_base import (
+from calib_jax.losses._base import (
     row_stats,
     safe_pow,
     zero_excluded_logits,

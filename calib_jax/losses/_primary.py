@@ -7,7 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from calib_jax.losses._kernel_base import (
+from calib_jax.losses._base import (
     take_col,
     true_vs_rest,
     zero_excluded_rows,

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from calib_jax.losses._kernel_base import masked_mean, zero_masked
+from calib_jax.losses._base import masked_mean, zero_masked
 
 # Constants of the released code (named where they are used).
 _AU_EPS = 1e-9  # selectAU.py / aurc.py: clamp of the softmax probabilities

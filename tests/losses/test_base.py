@@ -1,14 +1,18 @@
-"""The kernel base: row reductions, masking helpers and row kernels against
-plain NumPy float64."""
+"""The losses' base (masking helpers, row statistics, true class versus rest)
+and the CPU kernels' own helpers, against plain NumPy float64."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 
-from calib_jax.losses import _kernel_base as kb
+from calib_jax import kernels
+from calib_jax.losses import _aurc
+from calib_jax.losses import _base as kb
+from calib_jax.losses import _cpu_kernels as ck
 
 
 def _logits(seed, b=12, k=7, scale=3.0):
@@ -19,7 +23,7 @@ def _logits(seed, b=12, k=7, scale=3.0):
 def test_row_reduce_equals_separate_reductions_and_carries_no_gradient():
     x = _logits(0)
     n = (x > 0).astype(np.int32)
-    total, count, low = kb.row_reduce(
+    total, count, low = ck.row_reduce(
         (jnp.asarray(x), jnp.asarray(n), jnp.asarray(x)),
         (0, 0, np.inf),
         (lax.add, lax.add, lax.min),
@@ -29,7 +33,7 @@ def test_row_reduce_equals_separate_reductions_and_carries_no_gradient():
     np.testing.assert_array_equal(low, x.min(1))
     assert count.dtype == jnp.int32
     g = jax.grad(
-        lambda z: jnp.sum(kb.row_reduce((z, z), (0, -np.inf), (lax.add, lax.max))[0])
+        lambda z: jnp.sum(ck.row_reduce((z, z), (0, -np.inf), (lax.add, lax.max))[0])
     )(jnp.asarray(x))
     np.testing.assert_array_equal(g, 0.0)
 
@@ -75,16 +79,20 @@ def test_zeroing_helpers_keep_nan_of_excluded_rows_out_of_value_and_gradient():
 def test_max_rest_logit_is_the_largest_non_label_logit():
     x = np.array([[5.0, 1.0, 2.0], [5.0, 5.0, 2.0], [0.0, 4.0, 3.0]], np.float32)
     y = np.array([0, 0, 2], np.int32)
-    got = kb.max_rest_logit(jnp.asarray(x), jnp.asarray(x[np.arange(3), y]))
+    got = ck.max_rest_logit(jnp.asarray(x), jnp.asarray(x[np.arange(3), y]))
     want = [np.delete(row, label).max() for row, label in zip(x, y)]
     np.testing.assert_array_equal(got, want)
 
 
-def test_true_vs_rest_log_odds_match_float64_at_extreme_confidence():
+@pytest.mark.parametrize("mode", ["tuned", "plain"])
+def test_true_vs_rest_log_odds_match_float64_at_extreme_confidence(mode):
     x = _logits(2, b=6, k=5).astype(np.float64)
     x[0] = [40.0, 0.0, -1.0, 2.0, 0.5]  # p_y within 1e-16 of 1
     y = np.array([0, 1, 2, 3, 4, 0], np.int32)
-    split = kb.true_vs_rest(jnp.asarray(x, jnp.float32), jnp.asarray(y), squares=True)
+    with kernels.use(mode, "loss_true_vs_rest"):
+        split = kb.true_vs_rest(
+            jnp.asarray(x, jnp.float32), jnp.asarray(y), squares=True
+        )
     e = np.exp(x - x.max(1, keepdims=True))
     p = e / e.sum(1, keepdims=True)
     rest = np.array([np.delete(row, label) for row, label in zip(x, y)])
@@ -99,14 +107,21 @@ def test_true_vs_rest_log_odds_match_float64_at_extreme_confidence():
     np.testing.assert_allclose(split.log_sq_ratio, np.log(ratio), rtol=1e-5, atol=1e-6)
 
 
-def test_row_stats_match_float64_with_the_first_argmax_rule():
+@pytest.mark.parametrize("mode", ["tuned", "plain"])
+def test_row_stats_match_float64_with_the_first_argmax_rule(mode):
     x = _logits(3, b=8, k=6)
     x[1] = [1.0, 4.0, 4.0, 0.0, -1.0, 2.0]  # a tie at the top
     y = np.array([0, 2, 1, 3, 4, 5, 0, 1], np.int32)
     y[1] = 1
-    rows = kb.row_stats(
-        jnp.asarray(x), jnp.asarray(y), ce=True, conf=True, entropy=True, margin=True
-    )
+    with kernels.use(mode, "loss_rows"):
+        rows = kb.row_stats(
+            jnp.asarray(x),
+            jnp.asarray(y),
+            ce=True,
+            conf=True,
+            entropy=True,
+            margin=True,
+        )
     z = x.astype(np.float64)
     e = np.exp(z - z.max(1, keepdims=True))
     p = e / e.sum(1, keepdims=True)
@@ -127,8 +142,8 @@ def test_safe_pow_is_zero_with_zero_gradient_at_zero():
 
 def test_tie_groups_of_packed_and_plain_keys_agree_with_numpy():
     key = np.array([0.5, -1.0, 0.5, 2.0, -1.0, 0.0, -3.5], np.float32)
-    packed = kb.tie_groups_packed(jnp.asarray(key))
-    plain = kb.tie_groups_plain(jnp.asarray(key))
+    packed = ck.tie_groups(jnp.asarray(key))
+    plain = _aurc.tie_groups.plain(jnp.asarray(key))
     srt = np.sort(key)
     want_first = np.searchsorted(srt, key, side="left")
     want_new = np.concatenate([[True], srt[1:] != srt[:-1]])

@@ -1,0 +1,217 @@
+r"""The losses' base: masking, gathers, row statistics, true class versus rest.
+
+Every loss module builds on the helpers here and on no sibling loss module.
+The two shared kernels, :func:`row_stats` (kernel family ``'loss_rows'``) and
+:func:`true_vs_rest` (``'loss_true_vs_rest'``), are plain ``jnp`` with JAX's
+autodiff; ``@kernels.dispatch`` swaps in their XLA:CPU drop-ins from
+:mod:`calib_jax.losses._cpu_kernels` (:mod:`calib_jax.kernels`). Float64
+references: ``tests/_reference.py`` and ``tests/_reference_batch.py``.
+
+The masking helpers zero excluded rows with ``jnp.where`` (never a product), so
+that NaN/inf in a padded row reach neither the value nor the gradient.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from calib_jax import kernels
+from calib_jax.losses import _cpu_kernels
+
+# ---------------------------------------------------------------------------
+# Masking.
+# ---------------------------------------------------------------------------
+
+
+def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean of ``values[mask]``; 0 when no row is included."""
+    total = jnp.sum(jnp.where(mask, values, 0.0))
+    count = jnp.sum(mask.astype(values.dtype))
+    return total / jnp.maximum(count, 1.0)
+
+
+def masked_sum(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Sum of ``values[mask]``; excluded rows may hold NaN/inf."""
+    return jnp.sum(jnp.where(mask, values, 0.0))
+
+
+def zero_masked(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """Per-example output with excluded rows set to exactly 0."""
+    return jnp.where(mask, values, jnp.zeros_like(values))
+
+
+def zero_excluded_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
+    """Zeroes the logits of excluded rows (their NaN/inf reach nothing)."""
+    return jnp.where(mask[:, None], logits, jnp.zeros_like(logits))
+
+
+def zero_excluded_rows(logits: jax.Array, labels: jax.Array, mask: jax.Array):
+    """Zeroes the logits and the labels of excluded rows: the cotangent of an
+    excluded row is then exactly 0, whatever it held."""
+    logits = jnp.where(mask[:, None], logits, jnp.zeros_like(logits))
+    labels = jnp.where(mask, labels, jnp.zeros_like(labels))
+    return logits, labels
+
+
+# ---------------------------------------------------------------------------
+# Gathers, first indices, powers.
+# ---------------------------------------------------------------------------
+
+
+def take_col(x: jax.Array, idx: jax.Array) -> jax.Array:
+    """``x[b, idx[b]]`` as ``[B]``; the gradient goes to that one entry."""
+    return jnp.take_along_axis(x, idx[:, None], axis=1)[:, 0]
+
+
+def first_index(x: jax.Array, value: jax.Array) -> jax.Array:
+    """First column ``k`` with ``x[b, k] == value[b]``, int32 ``[B]``, no
+    gradient. ``value`` must be attained in every row (a row max or min); this
+    is ``jnp.argmax``'s tie rule as an integer min over the classes."""
+    cols = lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    first = jnp.min(jnp.where(x == value[:, None], cols, x.shape[1]), axis=1)
+    return lax.stop_gradient(first)
+
+
+def safe_pow(x: jax.Array, exponent) -> jax.Array:
+    """``x ** exponent`` for ``x >= 0`` with value 0 and gradient 0 at ``x == 0``
+    (the p-th powers and roots of the ECE family, MMCE's square root)."""
+    pos = x > 0
+    safe = jnp.where(pos, x, jnp.ones_like(x))
+    return jnp.where(pos, safe**exponent, jnp.zeros_like(x))
+
+
+# ---------------------------------------------------------------------------
+# True class versus the rest: the focal family and the Brier score.
+# ---------------------------------------------------------------------------
+
+
+class Split(NamedTuple):
+    """Per-row true-class-versus-rest statistics, each ``[B]``."""
+
+    z_true: jax.Array  # z_y
+    z_rest_max: jax.Array  # max_{k != y} z_k, a constant (no gradient)
+    rest_sum: jax.Array  # sum_{k != y} exp(z_k - z_rest_max), >= 1
+    rest_sq_sum: jax.Array | None  # sum_{k != y} exp(z_k - z_rest_max)^2, >= 1
+
+    @property
+    def d(self) -> jax.Array:
+        """Log-odds of the true class against all the others."""
+        # The shift is a constant: log-sum-exp is shift invariant.
+        lse_rest = lax.stop_gradient(self.z_rest_max) + jnp.log(self.rest_sum)
+        return self.z_true - lse_rest
+
+    @property
+    def log_p_true(self) -> jax.Array:
+        return jax.nn.log_sigmoid(self.d)
+
+    @property
+    def log_1m_p_true(self) -> jax.Array:
+        return jax.nn.log_sigmoid(-self.d)
+
+    @property
+    def log_sq_ratio(self) -> jax.Array:
+        """``log(sum_{k != y} e_k^2 / (sum_{k != y} e_k)^2)``."""
+        return jnp.log(self.rest_sq_sum) - 2.0 * jnp.log(self.rest_sum)
+
+
+def true_vs_rest(
+    logits: jax.Array, labels: jax.Array, *, squares: bool = False
+) -> Split:
+    r"""The log-odds :math:`d = z_y - \log\sum_{k \ne y} e^{z_k}` and its parts.
+
+    :math:`\log p_y = \log\sigma(d)` and :math:`\log(1 - p_y) = \log\sigma(-d)`
+    are finite with finite gradients for every finite logit vector
+    (:math:`K \ge 2`), including :math:`p_y` that rounds to 0 or 1, where
+    ``1 - exp(log p_y)`` would lose :math:`1 - p_y` to rounding. The sums are
+    shifted by :math:`r = \max_{k \ne y} z_k` (a constant: log-sum-exp is
+    shift invariant), so they are :math:`\ge 1` and nothing overflows.
+    ``squares`` adds :math:`\sum_{k \ne y} e^{2(z_k - r)}` (the Brier score).
+    """
+    return Split(*rest_parts(logits, labels, squares=squares))
+
+
+@kernels.dispatch("loss_true_vs_rest", _cpu_kernels.rest_parts)
+def rest_parts(z, labels, *, squares):
+    """``(z_y, r, sum_{k != y} e^{z_k - r}, the squares' sum or None)``: a
+    log-sum-exp with the label masked out."""
+    z_true = take_col(z, labels)
+    cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    rest = jnp.where(cols == labels[:, None], -jnp.inf, z)
+    rest_max = lax.stop_gradient(jnp.max(rest, axis=1))
+    s = rest - rest_max[:, None]
+    rest_sq = jnp.sum(jnp.exp(2.0 * s), axis=1) if squares else None
+    return z_true, rest_max, jnp.sum(jnp.exp(s), axis=1), rest_sq
+
+
+# ---------------------------------------------------------------------------
+# Softmax row statistics: the batch-level losses and the confidence scores.
+# ---------------------------------------------------------------------------
+
+
+class Rows(NamedTuple):
+    """Per-example softmax statistics, each ``[B]`` (None when not requested)."""
+
+    correct: jax.Array | None  # 1[first arg-max == y], float, no gradient
+    ce: jax.Array | None  # -log p_y
+    conf: jax.Array | None  # max_k p_k
+    entropy: jax.Array | None  # -sum_k p_k log p_k
+    margin: jax.Array | None  # p_(1) - p_(2)
+
+
+def row_stats(
+    logits: jax.Array,
+    labels: jax.Array | None = None,
+    *,
+    ce: bool = False,
+    conf: bool = False,
+    entropy: bool = False,
+    margin: bool = False,
+) -> Rows:
+    r"""The requested per-example softmax statistics.
+
+    With :math:`p = \mathrm{softmax}(z)`: correctness :math:`1[\hat y = y]`
+    (:math:`\hat y` the first index of the maximal logit, as ``jnp.argmax``,
+    NumPy and torch return; on all-equal logits only label 0 is correct),
+    cross-entropy :math:`-\log p_y`, confidence :math:`\max_k p_k`, entropy
+    :math:`-\sum_k p_k \log p_k` and margin :math:`p_{(1)} - p_{(2)}` (0 on a
+    tie at the top). Tied maxima share the derivative of the confidence
+    evenly, as for ``jnp.max``. Static flags choose the outputs.
+    """
+    flags = {"has_labels": labels is not None, "ce": ce, "conf": conf}
+    flags.update(entropy=entropy, margin=margin)
+    # Labels are an argument (not a closure) so that no tracer is captured.
+    ids = labels if labels is not None else jnp.zeros(logits.shape[:1], jnp.int32)
+    outs = row_parts(logits, ids, **flags)
+    if "correct" in outs:
+        outs["correct"] = lax.stop_gradient(outs["correct"])
+    return Rows(**{name: outs.get(name) for name in Rows._fields})
+
+
+@kernels.dispatch("loss_rows", _cpu_kernels.row_parts)
+def row_parts(x, labels, *, has_labels, ce, conf, entropy, margin):
+    """:func:`row_stats` as a dict: ``log_softmax`` and JAX's derivatives."""
+    logp = jax.nn.log_softmax(x, axis=-1)
+    p = jnp.exp(logp)
+    outs = {}
+    if has_labels or margin:
+        first = first_index(x, jnp.max(x, axis=-1))
+    if has_labels:
+        outs["correct"] = (first == labels).astype(x.dtype)
+        if ce:
+            outs["ce"] = -take_col(logp, labels)
+    if conf or margin:
+        top = jnp.max(p, axis=-1)
+    if conf:
+        outs["conf"] = top
+    if entropy:
+        outs["entropy"] = -jnp.sum(p * logp, axis=-1)
+    if margin:
+        # The runner-up: the largest p once the first maximum is left out.
+        cols = lax.broadcasted_iota(jnp.int32, x.shape, 1)
+        rest = jnp.where(cols == first[:, None], 0.0, p)
+        outs["margin"] = top - jnp.max(rest, axis=-1)
+    return outs

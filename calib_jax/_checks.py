@@ -358,6 +358,18 @@ def raise_for_values(
         )
 
 
+def fetch(result, summary):
+    """Moves ``result`` and its value ``summary`` to the host in one transfer.
+
+    Returns the host ``summary``. ``result`` stays as it is, but a fetched
+    ``jax.Array`` keeps its host copy, so the caller's later ``float(result)``
+    or ``np.asarray(result)`` reads it without a second device-to-host
+    round trip (``tests/test_transfers.py``). Every eager entry point that
+    checks values fetches through here: one synchronising transfer per call.
+    """
+    return jax.device_get((result, summary))[1]
+
+
 _value_summary_jit = jax.jit(value_summary)
 
 

@@ -79,8 +79,10 @@ def ks_error(
       >>> print(f"{float(metrics.ks_error(probs, labels)):.3f}")
       0.100
     """
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
-    return _ks_core(probs, labels, where)
+    probs, labels, where = _validate.check_probs_labels(
+        probs, labels, where, values=False
+    )
+    return _validate.evaluate(_ks_core, probs, labels, where)
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))
@@ -191,7 +193,9 @@ def sweep_ece(
       0.150
     """
     p = _validate.check_p(p)
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+    probs, labels, where = _validate.check_probs_labels(
+        probs, labels, where, values=False
+    )
     size = probs.shape[0]
     limit = size if max_bins is None else _checks.check_num_bins(max_bins)
-    return _sweep_core(probs, labels, where, p, min(limit, size))
+    return _validate.evaluate(_sweep_core, probs, labels, where, p, min(limit, size))

@@ -86,7 +86,9 @@ def _evaluate(core, x, *args, name: str = "logits"):
     if not _checks.is_concrete(x, *args):
         return core(x, *args)
     out, bad, first = _with_summary(core, x, *args)
-    bad, first = int(bad), int(first)
+    # The summary alone in one transfer: the [N] scores stay on the device for
+    # the detection metrics.
+    bad, first = (int(v) for v in jax.device_get((bad, first)))
     if bad:
         if x.ndim == 3:
             member, row = np.unravel_index(first, x.shape[:2])

@@ -75,8 +75,10 @@ def brier(
       >>> print(f"{float(metrics.brier(probs, labels)):.3f}")
       0.350
     """
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
-    return _brier_core(probs, labels, where)
+    probs, labels, where = _validate.check_probs_labels(
+        probs, labels, where, values=False
+    )
+    return _validate.evaluate(_brier_core, probs, labels, where)
 
 
 def nll(
@@ -115,8 +117,10 @@ def nll(
       >>> print(f"{float(metrics.nll(probs, labels)):.3f}")
       0.511
     """
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
-    return _nll_core(probs, labels, where)
+    probs, labels, where = _validate.check_probs_labels(
+        probs, labels, where, values=False
+    )
+    return _validate.evaluate(_nll_core, probs, labels, where)
 
 
 def accuracy(
@@ -151,5 +155,7 @@ def accuracy(
       >>> print(f"{float(metrics.accuracy(probs, labels)):.3f}")
       0.750
     """
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
-    return _accuracy_core(probs, labels, where)
+    probs, labels, where = _validate.check_probs_labels(
+        probs, labels, where, values=False
+    )
+    return _validate.evaluate(_accuracy_core, probs, labels, where)

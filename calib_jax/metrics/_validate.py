@@ -210,8 +210,9 @@ def evaluate(core, probs, labels, where, *static, screened: bool = False):
     """``core(probs, labels, where, *static)`` with the value checks fused in.
 
     Concrete inputs run one compiled program, the metric and
-    :func:`probs_summary` together, then the host raises from the summary;
-    traced inputs (an outer ``jax.jit``) call ``core`` alone, unchecked.
+    :func:`probs_summary` together, fetch both in one transfer
+    (:func:`calib_jax._checks.fetch`) and raise from the summary; traced
+    inputs (an outer ``jax.jit``) call ``core`` alone, unchecked.
 
     Args:
       core: the metric's jitted core (a module-level function; hashable).
@@ -225,7 +226,7 @@ def evaluate(core, probs, labels, where, *static, screened: bool = False):
     if not _checks.is_concrete(probs, labels, where):
         return core(probs, labels, where, *static)
     out, summary = _with_summary(core, probs, labels, where, static, screened)
-    raise_for_summary(summary, probs, labels, where)
+    raise_for_summary(_checks.fetch(out, summary), probs, labels, where)
     return out
 
 
@@ -239,7 +240,7 @@ def check_scores(scores, where=None, *, name: str = "scores"):
         )
     where = _checks.check_where(where, scores.shape[0])
     if _checks.is_concrete(scores, where):
-        bad, first, included = (int(v) for v in _score_summary(scores, where))
+        bad, first, included = jax.device_get(_score_summary(scores, where))
         if included == 0:
             raise ValueError(
                 "where excludes every row: a metric needs at least one sample."

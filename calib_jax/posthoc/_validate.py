@@ -94,7 +94,7 @@ def raise_for_screen(summary, logits, labels, where, *, name: str = "logits"):
         return
     if int(summary.nonfinite) and int(summary.included):
         _checks.check_values(logits, labels, where, name=name, family="fit")
-        summary = summary._replace(nonfinite=jnp.zeros((), jnp.int32))
+        summary = summary._replace(nonfinite=0)
     _checks.raise_for_values(summary, logits.shape[1], name=name, family="fit")
 
 

@@ -1,25 +1,14 @@
 r"""Per-row out-of-distribution scores computed from logits.
 
-``max_softmax_score`` (MSP), ``max_logit_score`` (MaxLogit), ``energy_score``
-(negative free energy), ``entropy_score`` (negative predictive entropy) and,
-for ensembles and MC-dropout samples, ``mutual_information`` (and its negative
-``mutual_information_score``). Every score follows the convention of
-:func:`calib_jax.metrics.ood_auroc`: **higher = more in-distribution**, so the
-per-row outputs go straight into ``ood_auroc``, ``ood_aupr`` and
-``fpr_at_95_tpr``.
-
-These are per-example functions (float32 ``[N]``, like an unreduced loss):
-there is no sum over examples to merge, and the rows of a data-sharded batch
-are scored where they lie. The detection metrics that consume them are
-sort-based and run on the collected scores of a split.
-
-Inputs are logits of any float dtype; bf16/fp16 are upcast to float32 before
-any arithmetic. All scores are computed from the log-softmax (``x - m -
-log sum exp(x - m)`` with ``m`` the row maximum), so logits of magnitude
-``1e4`` or more neither overflow nor lose the small probabilities; the entropy
-uses ``0 log 0 = 0``. Called eagerly on concrete arrays the functions check
-the inputs (float dtype, shapes, ``K >= 2``, NaN/inf) and raise one-line
-errors; under ``jax.jit`` the value checks are skipped.
+Every score follows the convention of :func:`calib_jax.metrics.ood_auroc`,
+**higher = more in-distribution**, and is per-example (float32 ``[N]``, like
+an unreduced loss: nothing to merge; the detection metrics that consume the
+scores sort the collected scores of a split). bf16/fp16 logits are upcast to
+float32, and every score is computed from the log-softmax (``x - m - log sum
+exp(x - m)``, ``m`` the row maximum; ``0 log 0 = 0``), so logits of magnitude
+``1e4`` neither overflow nor lose small probabilities. Eager calls check the
+inputs (dtype, shapes, ``K >= 2``, NaN/inf; one-line errors); under
+``jax.jit`` the value checks are skipped.
 """
 
 from __future__ import annotations
@@ -367,22 +356,8 @@ def mutual_information(member_logits: jax.typing.ArrayLike) -> jax.Array:
 
 
 def mutual_information_score(member_logits: jax.typing.ArrayLike) -> jax.Array:
-    r"""Minus :func:`mutual_information`; per-example, higher = more in-distribution.
-
-    .. math::
-
-        s = \frac1M\sum_m H[p_m] - H\Big[\frac1M\sum_m p_m\Big] \in [-\log K, 0]
-
-    Args:
-      member_logits: float ``[M, N, K]`` logits of ``M`` ensemble members or
-        MC-dropout samples.
-
-    Returns:
-      float32 ``[N]``; higher = more in-distribution.
-
-    References:
-      As :func:`mutual_information` (Houlsby et al. 2011; Gal 2016; Depeweg
-      et al., ICML 2018).
+    r"""Minus :func:`mutual_information` (same argument and references), in
+    :math:`[-\log K, 0]`; per-example, higher = more in-distribution.
 
     Examples:
       >>> import jax.numpy as jnp

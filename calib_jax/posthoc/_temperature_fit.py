@@ -20,8 +20,6 @@ import jax.numpy as jnp
 from calib_jax import _checks, metrics
 from calib_jax.posthoc import _core, _temperature, _validate
 
-OBJECTIVES = _temperature.OBJECTIVES
-
 # Default norm order and binning convention of the hard-ECE objectives.
 _HARD_DEFAULTS = {
     "hb_ece": {"p": 2, "convention": "calib_jax"},
@@ -154,7 +152,7 @@ def fit_temperature(
       >>> print(f"{float(fit_temperature(z, y)):.2f}")
       3.46
     """
-    _checks.check_choice("objective", objective, OBJECTIVES)
+    _checks.check_choice("objective", objective, _temperature.OBJECTIVES)
     fused = objective == "nll" and _checks.is_concrete(logits, labels, where)
     inputs = (logits, labels, where)
     logits, labels, where = _validate.check_inputs(
@@ -278,11 +276,11 @@ def _nll_fit_diagnostics(logits, labels, where):
 
     The accuracy counts rows whose label logit equals the row maximum; that
     is the arg-max accuracy unless such a row has another entry at its
-    maximum. One blocked pass at :math:`s` = the largest float (every entry
-    below the maximum contributes 0 to :math:`S_n(s)`, every entry at it 1)
-    finds those rows without an arg-max over ``[N, K]`` (which costs about
-    5x that pass on XLA:CPU); ``exact`` is False when there is one, and the
-    host then computes the arg-max accuracy instead.
+    maximum. One pass of :math:`S_n(s)` at :math:`s` = the largest float
+    (every entry below the maximum contributes 0, every entry at it 1) finds
+    those rows without an arg-max over ``[N, K]`` (a costlier pass on the
+    CPU); ``exact`` is False when there is one, and the host then computes
+    the arg-max accuracy instead.
     """
     z, labels, w = _core.canonical(logits, labels, where)
     m = jnp.max(z, axis=-1)

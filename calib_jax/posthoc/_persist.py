@@ -1,5 +1,7 @@
-r"""Saving and loading fitted calibrators: :meth:`Calibrator.save` and
-:func:`load`.
+r"""The file of a fitted calibrator: :func:`save` (behind
+:meth:`Calibrator.save <calib_jax.posthoc.Calibrator.save>`) and :func:`read`
+(behind :func:`calib_jax.posthoc.load`); the maps a file can name are
+``_methods.MAPS``.
 
 File format (``FORMAT_VERSION`` 1): one NumPy ``.npz`` archive (a zip of
 ``.npy`` files, readable without calib_jax), written and read through

@@ -41,7 +41,8 @@ from calib_jax.metrics._conventions import PRESETS, Convention, get_convention
 from calib_jax.metrics._decomposition import Decomposition, corp_decomposition
 from calib_jax.metrics._ece import ece, mce, reliability_bins, rmsce
 from calib_jax.metrics._ks_sweep import ks_error, sweep_ece
-from calib_jax.metrics._multilabel import MultilabelStats, multilabel_ece
+from calib_jax.metrics._multilabel import multilabel_ece
+from calib_jax.metrics._multilabel_stats import MultilabelStats
 from calib_jax.metrics._ood import fpr_at_95_tpr, ood_aupr, ood_auroc
 from calib_jax.metrics._ood_scores import (
     OOD_SCORES,

@@ -1,34 +1,7 @@
-r"""Multi-label calibration: binary per-label ECE of sigmoid outputs.
-
-A multi-label model scores every one of ``L`` labels independently with a
-sigmoid: logits ``[N, L]``, probabilities :math:`p_{il} = \sigma(z_{il})` of
-the positive class and 0/1 targets :math:`y_{il}`. Each label is a binary
-problem of its own, so its calibration error is the *binary* binned ECE of
-the probability of the positive class (not the top-label error of the pair
-:math:`(1 - p, p)`):
-
-.. math::
-
-    \mathrm{ECE}_l = \sum_b \frac{n_{lb}}{N}\,
-    \Big|\frac{1}{n_{lb}}\sum_{i \in B_{lb}} y_{il} -
-    \frac{1}{n_{lb}}\sum_{i \in B_{lb}} p_{il}\Big| .
-
-``average='macro'`` is the label mean :math:`\frac{1}{L}\sum_l
-\mathrm{ECE}_l`, ``'micro'`` the ECE of all :math:`N L` pairs
-:math:`(p_{il}, y_{il})` pooled in one histogram, ``'none'`` the ``[L]``
-vector. With one-hot labels of a softmax model and ``inputs='probs'``, the
-macro value is the class-wise ECE (Def. A.1 of the reweighted-risk paper,
-:func:`calib_jax.metrics.classwise_ece`).
-
-Bins follow the metrics' :class:`~calib_jax.metrics.Convention`: equal-width
-bins as :func:`calib_jax.metrics.ece` (default ``'calib_jax'``: bins
-``[E_k, E_{k+1})`` with :math:`E_k` the float32 nearest to ``k / M``, exactly
-0 in the first bin and exactly 1.0 in the last, empty bins contribute
-nothing), equal-mass bins as :func:`calib_jax.metrics.adaptive_ece`
-(default ``'rank'``: ``np.array_split`` of each label's sorted
-probabilities, ties kept together; one sort per label, vmapped, or from
-``2**15`` rows on the radix select of ``_order_statistics.py``; ``'micro'``
-sorts the ``N L`` pooled probabilities).
+r"""Multi-label calibration: :func:`multilabel_ece`, the binary binned ECE of
+each label's sigmoid probability (its equations and bins in its docstring).
+:class:`MultilabelStats` (``_multilabel_stats.py``) holds the mergeable
+equal-width sums.
 """
 
 from __future__ import annotations
@@ -37,7 +10,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from calib_jax import _checks, kernels
 from calib_jax.metrics import (
@@ -148,7 +120,7 @@ def label_probs(x: jax.Array, inputs: str) -> jax.Array:
     return x
 
 
-def _prepared(x, labels, where, inputs):
+def prepared(x, labels, where, inputs):
     """``(probs, outcome, valid)``: excluded rows zeroed before the sigmoid,
     so NaN/inf padding reaches no sum."""
     valid = _common.mask_or_ones(where, x.shape[0])
@@ -230,7 +202,7 @@ def _per_label_error(count, sum_prob, sum_label, total, convention):
     )
 
 
-def _reduce(count, sum_prob, sum_label, total, average, convention):
+def reduce_sums(count, sum_prob, sum_label, total, average, convention):
     """ECE of per-label sums ``[L, S]`` (equal-width: the same bins for all
     labels, so the micro value pools the sums)."""
     if average == "micro":
@@ -248,13 +220,13 @@ def _reduce(count, sum_prob, sum_label, total, average, convention):
 
 def multilabel_core(x, labels, where, num_bins, binning, average, inputs, convention):
     """:func:`multilabel_ece` on checked inputs (traceable)."""
-    probs, outcome, valid = _prepared(x, labels, where, inputs)
+    probs, outcome, valid = prepared(x, labels, where, inputs)
     if binning == "equal_width":
         count, sum_prob, sum_label = width_sums(
             probs, outcome, valid, num_bins, convention
         )
         total = jnp.sum(valid.astype(jnp.int32))
-        out = _reduce(count, sum_prob, sum_label, total, average, convention)
+        out = reduce_sums(count, sum_prob, sum_label, total, average, convention)
         return out.astype(jnp.float32)
     rule = convention.equal_mass
     if average == "micro":
@@ -375,150 +347,5 @@ def multilabel_ece(
     if not _checks.is_concrete(x, labels, where):
         return _core(x, labels, where, *static)
     out, summary = _checked_core(x, labels, where, *static)
-    raise_for_summary(summary, name=name, inputs=inputs)
+    raise_for_summary(_checks.fetch(out, summary), name=name, inputs=inputs)
     return out
-
-
-# ---------------------------------------------------------------------------
-# Mergeable equal-width statistics
-# ---------------------------------------------------------------------------
-
-
-@struct.dataclass
-class MultilabelStats:
-    r"""Per-label equal-width bin sums of :func:`multilabel_ece` (mergeable).
-
-    Per label and bin: the number of entries, the sum of positive-class
-    probabilities and the number of positive targets; plus the number of
-    included rows ``N``. They add across batches and devices (:meth:`merge`
-    or ``+``) and :meth:`compute` reduces them once, so a split evaluated in
-    chunks gives the value of the whole split (counts exact; probability sums
-    float32, equal up to summation order).
-
-    Attributes:
-      count: int32 ``[L, S]`` entries per label and bin.
-      sum_prob: float ``[L, S]`` sum of probabilities.
-      sum_label: int32 ``[L, S]`` positive targets.
-      total: int32 scalar, included rows ``N``.
-      num_bins: static ``M``; ``S = M`` (``M + 1`` with ``top='extra'``).
-      convention: static :class:`~calib_jax.metrics.Convention`.
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> from calib_jax.metrics import MultilabelStats
-      >>> z = jnp.array([[2.0, -1.0], [-0.5, 0.4], [1.5, -2.0], [-1.0, 1.0]])
-      >>> y = jnp.array([[1, 0], [0, 1], [1, 1], [0, 0]])
-      >>> a = MultilabelStats.from_batch(z[:2], y[:2], num_bins=5)
-      >>> b = MultilabelStats.from_batch(z[2:], y[2:], num_bins=5)
-      >>> print(f"{float(a.merge(b).compute()):.4f}")
-      0.4038
-    """
-
-    count: jax.Array
-    sum_prob: jax.Array
-    sum_label: jax.Array
-    total: jax.Array
-    num_bins: int = struct.field(pytree_node=False, default=15)
-    convention: Convention = struct.field(
-        pytree_node=False, default=_conventions.PRESETS[_conventions.DEFAULT]
-    )
-
-    @classmethod
-    def empty(
-        cls,
-        num_labels: int,
-        num_bins: int = 15,
-        *,
-        convention: str | Convention = _conventions.DEFAULT,
-    ) -> MultilabelStats:
-        """All-zero statistics for ``num_labels`` labels (the identity of
-        :meth:`merge`)."""
-        conv = _conventions.get_convention(convention)
-        m = _checks.check_num_bins(num_bins)
-        num_labels = _checks.check_positive_int("num_labels", num_labels)
-        shape = (num_labels, _conventions.num_slots(conv, m))
-        zeros = jnp.zeros(shape, jnp.int32)
-        return cls(
-            count=zeros,
-            sum_prob=jnp.zeros(shape, jnp.float32),
-            sum_label=zeros,
-            total=jnp.zeros((), jnp.int32),
-            num_bins=m,
-            convention=conv,
-        )
-
-    @classmethod
-    def from_batch(
-        cls,
-        logits: jax.typing.ArrayLike,
-        labels: jax.typing.ArrayLike,
-        *,
-        num_bins: int = 15,
-        inputs: str = "logits",
-        convention: str | Convention = _conventions.DEFAULT,
-        where: jax.typing.ArrayLike | None = None,
-    ) -> MultilabelStats:
-        """Statistics of one batch (arguments as :func:`multilabel_ece`)."""
-        m, conv = check_options(num_bins, "equal_width", "macro", inputs, convention)
-        name = "logits" if inputs == "logits" else "probs"
-        x, labels, where = _checks.check_multilabel(logits, labels, where, name=name)
-        if _checks.is_concrete(x, labels, where):
-            summary = _summary_jit(x, labels, where, inputs)
-            raise_for_summary(summary, name=name, inputs=inputs)
-        return _stats_from_batch(x, labels, where, m, inputs, conv)
-
-    def merge(self, other: MultilabelStats) -> MultilabelStats:
-        """Sum of two statistics with the same labels, bins and convention."""
-        same = (self.num_bins, self.convention) == (other.num_bins, other.convention)
-        if not same or self.count.shape != other.count.shape:
-            raise ValueError(
-                "cannot merge MultilabelStats with different num_bins, convention "
-                f"or number of labels: {self.num_bins}/{self.convention.name}/"
-                f"{self.count.shape} vs {other.num_bins}/{other.convention.name}/"
-                f"{other.count.shape}."
-            )
-        return self.replace(
-            count=self.count + other.count,
-            sum_prob=self.sum_prob + other.sum_prob,
-            sum_label=self.sum_label + other.sum_label,
-            total=self.total + other.total,
-        )
-
-    __add__ = merge
-
-    def compute(self, average: str = "macro") -> jax.Array:
-        """The multi-label ECE of the accumulated rows (see
-        :func:`multilabel_ece`): ``'macro'``, ``'micro'`` or ``'none'``."""
-        _checks.check_choice("average", average, AVERAGES)
-        return _compute(
-            self.count,
-            self.sum_prob,
-            self.sum_label,
-            self.total,
-            average,
-            self.convention,
-        )
-
-
-def stats_from_batch(x, labels, where, num_bins, inputs, convention):
-    """:meth:`MultilabelStats.from_batch` on checked inputs (traceable)."""
-    probs, outcome, valid = _prepared(x, labels, where, inputs)
-    count, sum_prob, sum_label = width_sums(probs, outcome, valid, num_bins, convention)
-    return MultilabelStats(
-        count=count,
-        sum_prob=sum_prob,
-        sum_label=sum_label,
-        total=jnp.sum(valid.astype(jnp.int32)),
-        num_bins=num_bins,
-        convention=convention,
-    )
-
-
-@functools.partial(jax.jit, static_argnums=(4, 5))
-def _compute(count, sum_prob, sum_label, total, average, convention):
-    out = _reduce(count, sum_prob, sum_label, total, average, convention)
-    return out.astype(jnp.float32)
-
-
-_stats_from_batch = jax.jit(stats_from_batch, static_argnums=(3, 4, 5))
-_summary_jit = jax.jit(value_summary, static_argnums=3)

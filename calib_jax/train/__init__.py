@@ -4,7 +4,8 @@
 computed or written; :func:`train_and_evaluate` runs it.
 """
 
-from calib_jax.train.loop import load_jsonl, train_and_evaluate
+from calib_jax.train.loop import train_and_evaluate
+from calib_jax.train.metrics_log import load_jsonl
 from calib_jax.train.validation import validate
 
 __all__ = ["train_and_evaluate", "load_jsonl", "validate"]

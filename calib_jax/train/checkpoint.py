@@ -350,6 +350,20 @@ class Checkpointer:
         self.manager.close()
         logging.getLogger("absl").removeFilter(self._quiet)
 
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Closes after a finished run, a divergence or a stop that saved
+        (:class:`calib_jax._cli.Stopped`; :meth:`close` raises a save that
+        failed); abandons after a storage failure or another error; leaves
+        the manager to the ending process after ``KeyboardInterrupt`` (a
+        second Ctrl-C stops at once)."""
+        if exc_type is None or issubclass(exc_type, (FloatingPointError, _cli.Stopped)):
+            self.close()
+        elif not issubclass(exc_type, KeyboardInterrupt):
+            self.abandon()
+
     def abandon(self) -> None:
         """Releases the manager after a failure, raising nothing.
 

@@ -1,199 +1,34 @@
-"""The host training loop: config in, checkpoints, JSONL metrics and logits out."""
+"""The host training loop: config in, checkpoints, JSONL metrics and logits out.
+
+One concern per module: :mod:`.preemption` (SIGTERM/SIGINT into a stop
+request), :mod:`.metrics_log` (``metrics.jsonl``), :mod:`.checkpoint` and the
+epoch loop here. Every resource of a run (the workdir lock, the TensorBoard
+writer, the checkpointer, and while the steps run the progress bar, the input
+prefetch, the signal handlers and ``debug_nans``) is held by one
+``contextlib.ExitStack``, which releases each whatever way the run ends.
+"""
 
 from __future__ import annotations
 
 import collections
-import json
+import contextlib
 import logging
 import math
-import os
 import signal
-import time
 
 import jax
 import jax.numpy as jnp
 from etils import epath
-from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
 
 from calib_jax import progress as progress_lib
-from calib_jax import _cli, storage, tensorboard
+from calib_jax import storage, tensorboard
 from calib_jax.data import prefetch
+from calib_jax.train import metrics_log
 from calib_jax.train import setup as setup_lib
 from calib_jax.train import workdir as workdir_lib
-from calib_jax.train.checkpoint import Checkpointer, CheckpointSaveError
-
-
-class Interrupted(_cli.Stopped):
-    """SIGINT (Ctrl-C) stopped the run after saving a checkpoint (exit
-    status 130); one-line message."""
-
-
-class MetricsWriteError(_cli.StorageWriteError):
-    """Storage failed while ``metrics.jsonl`` was appended; its message is one line."""
-
-
-class _Preemption:
-    """Turns SIGTERM and SIGINT into a stop request the loop checks between steps.
-
-    Single process: a Python handler of both signals sets a flag (a second
-    SIGINT raises ``KeyboardInterrupt`` at once). Multi-process: JAX's
-    preemption service (on by default after ``jax.distributed.initialize``)
-    already catches SIGTERM on any host and agrees with every process on one
-    step to stop at; :meth:`stop_after` asks it, so all processes save the
-    same step together (SIGINT keeps its default there).
-    """
-
-    def __init__(self):
-        self.requested = False
-        self.signal = None  # the signal that asked to stop (single process)
-        self._previous = {}
-        self._sync = jax.process_count() > 1 and bool(
-            jax.config.jax_enable_preemption_service
-        )
-
-    def __enter__(self):
-        if self._sync:
-            return self
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread: no signal handling
-                break
-        return self
-
-    def _handle(self, signum, frame):
-        del frame
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # pressed twice: stop without saving
-        self.requested = True
-        self.signal = signal.Signals(signum)
-
-    def stop_after(self, step: int) -> bool:
-        """Whether to checkpoint and stop after ``step`` (call at every step)."""
-        if self._sync:
-            return multihost_utils.reached_preemption_sync_point(step)
-        return self.requested
-
-    def __exit__(self, *exc):
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-
-
-class JsonlWriter:
-    """Appends one JSON object per line to ``<workdir>/metrics.jsonl`` (process 0).
-
-    In an object store (no append) each write rewrites the file whole. A
-    record is written in one call; when storage fails (a full disk), a local
-    file is cut back to its last whole record and :class:`MetricsWriteError`
-    is raised (a torn line that stays is dropped on resume,
-    :meth:`truncate_after`).
-    """
-
-    def __init__(self, path: epath.PathLike):
-        self.path = storage.as_path(path)
-
-    def write(self, step: int, values: dict, *, replace: bool = False) -> None:
-        """Appends one record; ``replace``: drops an older one of its step and keys.
-
-        (A finished run that is run again evaluates its last step again.)
-        """
-        if jax.process_index() != 0:
-            return
-        row = {"step": int(step), "time": round(time.time(), 3)}
-        row.update({k: float(v) for k, v in values.items()})
-        if replace and self.path.exists():
-            kind = _kind(row)
-            lines = self.path.read_text().splitlines(keepends=True)
-            kept = [line for line in lines if not _same_record(line, row, kind)]
-            if len(kept) != len(lines):
-                self._rewrite("".join(kept) + json.dumps(row) + "\n")
-                return
-        self._append(json.dumps(row) + "\n")
-
-    def _append(self, line: str) -> None:
-        remote = storage.is_remote(self.path)
-        size = None if remote or not self.path.exists() else os.path.getsize(self.path)
-        try:
-            storage.append_text(self.path, line)
-        except OSError as e:
-            if not remote:
-                try:  # drop the part of the record that was written
-                    os.truncate(self.path, size or 0)
-                except OSError:
-                    pass  # the reader drops a torn last line on resume
-            raise self._failed("append to", e) from None
-
-    def _rewrite(self, text: str) -> None:
-        """Replaces the file whole (the old one stays when the write fails)."""
-        try:
-            storage.write_text(self.path, text)
-        except OSError as e:
-            raise self._failed("rewrite", e) from None
-
-    def _failed(self, what: str, err: OSError) -> MetricsWriteError:
-        return MetricsWriteError(
-            f"could not {what} {self.path}: {storage.os_error_text(err)}; free "
-            "space and rerun the same command to resume from the last checkpoint."
-        )
-
-    def truncate_after(self, step: int) -> None:
-        """Drops the records of steps after ``step`` (and a torn last line).
-
-        Called on resume: a run killed after its last checkpoint logged steps
-        it will now log again. The file is rewritten whole, only when
-        something is dropped.
-        """
-        if jax.process_index() != 0 or not self.path.exists():
-            return
-        lines = self.path.read_text().splitlines(keepends=True)
-        kept = [line for line in lines if _step_of(line) is not None]
-        kept = [line for line in kept if _step_of(line) <= step]
-        if len(kept) != len(lines) or (kept and not kept[-1].endswith("\n")):
-            self._rewrite("".join(kept))
-
-
-def _kind(row: dict) -> tuple:
-    """What tells records of one step apart: their keys (time aside)."""
-    return tuple(sorted(k for k in row if k != "time"))
-
-
-def _same_record(line: str, row: dict, kind: tuple) -> bool:
-    if _step_of(line) != row["step"]:
-        return False
-    return _kind(json.loads(line)) == kind
-
-
-def _step_of(line: str) -> int | None:
-    """The step of one metrics.jsonl line; None when it is not a whole record."""
-    if not line.endswith("\n"):
-        return None  # the write of this line was cut short
-    try:
-        row = json.loads(line)
-    except ValueError:
-        return None
-    return row.get("step") if isinstance(row, dict) else None
-
-
-@jax.jit
-def _add_metrics(sums: dict, metrics: dict) -> dict:
-    """``sums[key] + metrics[key]`` for every key (one compiled program)."""
-    return {key: sums[key] + value for key, value in metrics.items()}
-
-
-def _accumulate(acc: dict, metrics: dict) -> dict:
-    """Adds one step's metrics to the running sums (on device, no host sync).
-
-    Interleaved training alternates steps with different loss terms, so every
-    key keeps its own step count. The additions of one step are one compiled
-    program (one dispatch, however many metrics there are).
-    """
-    # A new key starts from a traced 0.0, as the eager ``0.0 + value`` did.
-    sums = _add_metrics({k: acc.get(k, (0.0, 0))[0] for k in metrics}, metrics)
-    out = dict(acc)
-    for key, total in sums.items():
-        out[key] = (total, acc.get(key, (0.0, 0))[1] + 1)
-    return out
+from calib_jax.train.checkpoint import Checkpointer
+from calib_jax.train.preemption import Interrupted, Preemption
 
 
 class RunAhead:
@@ -260,18 +95,6 @@ def _diverged(what: str, ckpt: Checkpointer) -> FloatingPointError:
     )
 
 
-def _summarise(acc: dict) -> dict[str, float]:
-    """Turns accumulated step metrics into means (losses) and ratios (sums)."""
-    acc = {k: (float(v), n) for k, (v, n) in jax.device_get(acc).items()}
-    sums = ("train/count", "train/correct", "train/confidence")
-    out = {k: v / n for k, (v, n) in acc.items() if k not in sums}
-    if "train/count" in acc:
-        count = max(acc["train/count"][0], 1.0)
-        out["train/accuracy"] = acc["train/correct"][0] / count
-        out["train/confidence"] = acc["train/confidence"][0] / count
-    return out
-
-
 def _reliability_image(tb, workdir: epath.Path, step: int) -> None:
     """The final test set's reliability diagram, from the exported logits."""
     path = workdir / "logits" / "test.npz"
@@ -299,27 +122,27 @@ def train_and_evaluate(
     a second run in the same workdir is refused with a ``ValueError``.
     Storage that fails while a checkpoint is saved stops the run with a
     :class:`~calib_jax.train.checkpoint.CheckpointSaveError` naming the path,
-    and while ``metrics.jsonl`` is appended with a :class:`MetricsWriteError`;
+    and while ``metrics.jsonl`` is appended with a
+    :class:`~calib_jax.train.metrics_log.MetricsWriteError`;
     rerun to resume from the last complete checkpoint. SIGTERM saves a
     checkpoint at the next step boundary and returns ``{}``; SIGINT (Ctrl-C)
-    does the same, then raises :class:`Interrupted`. ``progress=False``
+    does the same, then raises
+    :class:`~calib_jax.train.preemption.Interrupted`. ``progress=False``
     hides the bars of the steps and of the evaluation; ``progress_level=1``
     draws them under an outer bar (the benchmark's cell bar). Returns the
     final evaluation. ``workdir`` may be local or a ``gs://`` URL.
     """
     workdir = storage.as_path(workdir, what="--workdir")
     run = setup_lib.build(config, workdir)  # validates; raises ValueError
-    with workdir_lib.lock(workdir):  # before the checkpoints are touched
-        tb = tensorboard.from_config(config, workdir)  # raises ValueError
-        ckpt = Checkpointer(
-            workdir, save_timeout_s=config.get("checkpoint_timeout_s", 1200)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(workdir_lib.lock(workdir))  # before the checkpoints
+        tb = stack.enter_context(tensorboard.from_config(config, workdir))
+        ckpt = stack.enter_context(
+            Checkpointer(
+                workdir, save_timeout_s=config.get("checkpoint_timeout_s", 1200)
+            )
         )
-        try:
-            return _train(config, workdir, run, ckpt, tb, progress, progress_level)
-        except (CheckpointSaveError, MetricsWriteError):
-            tb.close()
-            ckpt.abandon()  # storage failed; the error names the path
-            raise
+        return _train(config, workdir, run, ckpt, tb, stack, progress, progress_level)
 
 
 def _train(
@@ -328,10 +151,11 @@ def _train(
     run: setup_lib.Run,
     ckpt: Checkpointer,
     tb,
+    stack: contextlib.ExitStack,
     progress: bool,
     progress_level: int,
 ) -> dict[str, float]:
-    writer = JsonlWriter(workdir / "metrics.jsonl")
+    writer = metrics_log.JsonlWriter(workdir / "metrics.jsonl")
 
     state = ckpt.restore_latest(run.abstract_state)
     if state is None:
@@ -344,119 +168,88 @@ def _train(
     # Steps after the restored one run again: their old records go.
     writer.truncate_after(start)
 
-    summary = {}
     acc = {}
-    primary = progress and jax.process_index() == 0
+    eval_progress = progress_level if progress else None
+    # The resources of the steps, closed when they end (or with the run).
+    steps = stack.enter_context(contextlib.ExitStack())
     bar = progress_lib.bar(
         run.num_steps,
         initial=start,
         desc=f"train {config.model.name}/{config.dataset.name}",
         unit="step",
-        enabled=primary,
+        enabled=progress and jax.process_index() == 0,
         level=progress_level,
     )
-    eval_progress = progress_level if progress else None
-
-    def stop(what: str) -> FloatingPointError:
-        bar.close()
-        tb.close()
-        err = _diverged(what, ckpt)
-        ckpt.close()
-        return err
-
-    window = start + 1  # first step of the current logging window
-    run_ahead = RunAhead.for_backend()
-    debug_nans = jax.debug_nans(bool(config.get("debug_nans", False)))
+    preempt = steps.enter_context(Preemption())
+    steps.enter_context(jax.debug_nans(bool(config.get("debug_nans", False))))
     # The next batches are gathered and placed on the mesh on a thread while
     # the devices work; each is the same function of (seed, step) as without.
-    feed = prefetch.Prefetcher(
-        map(run.batch, range(start, run.num_steps)), config.input.prefetch
+    feed = steps.enter_context(
+        prefetch.Prefetcher(
+            map(run.batch, range(start, run.num_steps)), config.input.prefetch
+        )
     )
-    with _Preemption() as preempt, debug_nans, feed, bar:  # bar: closed on errors
-        for step in range(start, run.num_steps):
-            batch = next(feed)
-            try:
-                state, metrics = run.train(state, batch)
-            except FloatingPointError:  # debug_nans named the operation
-                bar.close()
-                tb.close()
-                ckpt.close()
-                raise
-            run_ahead.push(metrics)
-            # Sums stay on device; the host reads them only when logging.
-            acc = _accumulate(acc, metrics)
-            done = step + 1
-            bar.update(1)
-            if done % config.log_every == 0 or done == run.num_steps:
-                # Share of this interval's wall time spent blocked on input.
-                wait = feed.wait_fraction()
-                logged = _summarise(acc)
-                logged["train/input_wait_fraction"] = wait
-                acc = {}
-                logged["learning_rate"] = float(run.schedule(step))
-                writer.write(done, logged)
-                tb.scalars(done, logged)
-                loss = logged.get("loss/total", float("nan"))
-                bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-                bad = sorted(
-                    k
-                    for k, v in logged.items()
-                    if k.startswith("loss/") and not math.isfinite(v)
+    steps.enter_context(bar)
+    window = start + 1  # first step of the current logging window
+    run_ahead = RunAhead.for_backend()
+    for step in range(start, run.num_steps):
+        state, metrics = run.train(state, next(feed))  # debug_nans: names the op
+        run_ahead.push(metrics)
+        # Sums stay on device; the host reads them only when logging.
+        acc = metrics_log.accumulate(acc, metrics)
+        done = step + 1
+        bar.update(1)
+        if done % config.log_every == 0 or done == run.num_steps:
+            # Share of this interval's wall time spent blocked on input.
+            wait = feed.wait_fraction()
+            logged = metrics_log.summarise(acc)
+            logged["train/input_wait_fraction"] = wait
+            acc = {}
+            logged["learning_rate"] = float(run.schedule(step))
+            writer.write(done, logged)
+            tb.scalars(done, logged)
+            loss = logged.get("loss/total", float("nan"))
+            bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            bad = sorted(
+                k
+                for k, v in logged.items()
+                if k.startswith("loss/") and not math.isfinite(v)
+            )
+            if bad:
+                what = f"{bad[0]} is {logged[bad[0]]} in steps {window}-{done}"
+                raise _diverged(what, ckpt)
+            window = done + 1
+        if done % config.checkpoint_every == 0 or done == run.num_steps:
+            # Never save a non-finite state over the good checkpoints.
+            if not bool(jax.device_get(_all_finite(state.params))):
+                raise _diverged(
+                    f"the parameters are not finite after step {done}", ckpt
                 )
-                if bad:
-                    raise stop(f"{bad[0]} is {logged[bad[0]]} in steps {window}-{done}")
-                window = done + 1
-            if done % config.checkpoint_every == 0 or done == run.num_steps:
-                # Never save a non-finite state over the good checkpoints.
-                if not bool(jax.device_get(_all_finite(state.params))):
-                    raise stop(f"the parameters are not finite after step {done}")
-                ckpt.save(state)
-            if (
-                config.eval_every
-                and done % config.eval_every == 0
-                and done != run.num_steps
-            ):
-                evaluated = run.evaluate(state, export=False, progress=eval_progress)
-                writer.write(done, evaluated)
-                tb.scalars(done, evaluated)
-            if preempt.stop_after(done) and done != run.num_steps:
-                ckpt.save(state, force=True)
-                ckpt.close()
-                bar.close()
-                tb.close()
-                if preempt.signal == signal.SIGINT:
-                    raise Interrupted(
-                        f"interrupted: saved step {done} in {workdir}; rerun the "
-                        "same command to resume."
-                    )
-                logging.warning(
-                    "SIGTERM: saved step %d and stopped; rerun to resume.", done
+            ckpt.save(state)
+        if (
+            config.eval_every
+            and done % config.eval_every == 0
+            and done != run.num_steps
+        ):
+            evaluated = run.evaluate(state, export=False, progress=eval_progress)
+            writer.write(done, evaluated)
+            tb.scalars(done, evaluated)
+        if preempt.stop_after(done) and done != run.num_steps:
+            ckpt.save(state, force=True)
+            if preempt.signal == signal.SIGINT:
+                raise Interrupted(
+                    f"interrupted: saved step {done} in {workdir}; rerun the "
+                    "same command to resume."
                 )
-                return {}
-    bar.close()
+            logging.warning(
+                "SIGTERM: saved step %d and stopped; rerun to resume.", done
+            )
+            return {}
+    steps.close()
     final_step = int(jax.device_get(state.step))
     summary = run.evaluate(state, export=True, progress=eval_progress)
     writer.write(final_step, summary, replace=True)
     tb.scalars(final_step, summary)
     _reliability_image(tb, workdir, final_step)
-    tb.close()
     ckpt.save(state)
-    ckpt.close()
     return summary
-
-
-def load_jsonl(path: str | epath.PathLike) -> list[dict]:
-    """Reads a metrics.jsonl file (local or in an object store), each record once.
-
-    A step has up to three records, each with its own keys (training
-    metrics, a periodic evaluation, the final evaluation). Logs of older runs
-    that were resumed after a crash can repeat a record; of records with the
-    same step and the same keys only the last is kept, in its place
-    (:func:`calib_jax.storage.read_jsonl`: a line cut short is left out).
-    """
-    rows = storage.read_jsonl(path)
-    last = {}
-    for i, row in enumerate(rows):
-        last[(row.get("step"), _kind(row))] = i
-    keep = sorted(last.values())
-    return [rows[i] for i in keep]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import _kill
-from calib_jax.train import loop
+from calib_jax.train import metrics_log
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, EVERY = 1000, 20
@@ -94,7 +94,9 @@ def test_a_signal_in_a_cell_is_one_line_and_the_rerun_resumes(tmp_path, signum, 
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert (workdir / "results.jsonl").exists()
-    rows = [r for r in loop.load_jsonl(train / "metrics.jsonl") if "loss/total" in r]
+    rows = [
+        r for r in metrics_log.load_jsonl(train / "metrics.jsonl") if "loss/total" in r
+    ]
     assert [r["step"] for r in rows] == list(range(10, STEPS + 1, 10))
     with open(train / "metrics.jsonl") as f:  # each record once in the file
         steps = [line.split(",", 1)[0] for line in f if '"loss/total"' in line]

@@ -18,7 +18,7 @@ import pytest
 
 from calib_jax import data as data_lib
 from calib_jax import evaluate, models
-from calib_jax.train import checkpoint, loop, setup, sharded_step
+from calib_jax.train import checkpoint, loop, metrics_log, setup, sharded_step
 from calib_jax.train import evaluate as eval_lib
 from calib_jax.train import mesh as mesh_lib
 from calib_jax.train.state import variables
@@ -59,7 +59,7 @@ def _entropy64(p):
 
 
 def _final_row(workdir):
-    rows = loop.load_jsonl(Path(workdir) / "metrics.jsonl")
+    rows = metrics_log.load_jsonl(Path(workdir) / "metrics.jsonl")
     return {k: v for k, v in rows[-1].items() if k not in ("step", "time")}
 
 

@@ -16,7 +16,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from calib_jax import evaluate
-from calib_jax.train import loop
+from calib_jax.train import loop, metrics_log
 from configs import cifar10_resnet110
 
 CORRUPTIONS = ("contrast", "gaussian_noise", "glass_blur")
@@ -49,7 +49,7 @@ def small_config(data_dir, c10c):
 
 
 def _final_row(workdir):
-    rows = loop.load_jsonl(workdir / "metrics.jsonl")
+    rows = metrics_log.load_jsonl(workdir / "metrics.jsonl")
     return {k: v for k, v in rows[-1].items() if k not in ("step", "time")}
 
 

@@ -12,7 +12,7 @@ import tensorflow_datasets as tfds
 
 from calib_jax import data
 from calib_jax.data import pipeline
-from calib_jax.train import loop
+from calib_jax.train import loop, metrics_log
 from calib_jax.train import mesh as mesh_lib
 from calib_jax.train import setup as setup_lib
 from calib_jax.train.checkpoint import Checkpointer
@@ -20,7 +20,7 @@ from configs import cifar10_resnet110, digits_ce
 
 
 def _rows(workdir):
-    return loop.load_jsonl(workdir / "metrics.jsonl")
+    return metrics_log.load_jsonl(workdir / "metrics.jsonl")
 
 
 def _final_params(config, workdir):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from calib_jax.train import loop
+from calib_jax.train import metrics_log
 
 
 def _line(step, **values):
@@ -15,13 +15,13 @@ def test_truncate_after_drops_later_steps_and_a_torn_last_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     kept = _line(5, loss=1.0) + _line(10, loss=0.5) + _line(10, ece=0.1)
     path.write_text(kept + _line(15, loss=0.4) + '{"step": 20, "lo')
-    loop.JsonlWriter(path).truncate_after(10)
+    metrics_log.JsonlWriter(path).truncate_after(10)
     assert path.read_text() == kept
-    loop.JsonlWriter(path).truncate_after(10)  # nothing to drop: unchanged
+    metrics_log.JsonlWriter(path).truncate_after(10)  # nothing to drop: unchanged
     assert path.read_text() == kept
-    loop.JsonlWriter(path).truncate_after(0)
+    metrics_log.JsonlWriter(path).truncate_after(0)
     assert path.read_text() == ""
-    loop.JsonlWriter(tmp_path / "missing.jsonl").truncate_after(3)
+    metrics_log.JsonlWriter(tmp_path / "missing.jsonl").truncate_after(3)
     assert not (tmp_path / "missing.jsonl").exists()
 
 
@@ -37,7 +37,7 @@ def test_load_jsonl_keeps_the_last_record_of_each_step_and_kind(tmp_path):
         + _line(20, ece=0.2)
         + _line(20, ece=0.21)
     )
-    rows = loop.load_jsonl(path)
+    rows = metrics_log.load_jsonl(path)
     assert [(r["step"], r.get("loss", r.get("ece"))) for r in rows] == [
         (10, 0.5),
         (15, 0.41),
@@ -49,7 +49,7 @@ def test_load_jsonl_keeps_the_last_record_of_each_step_and_kind(tmp_path):
 def test_write_replace_drops_the_older_record_of_its_step_and_keys(tmp_path):
     """A finished run run again evaluates its last step again: once in the log."""
     path = tmp_path / "metrics.jsonl"
-    writer = loop.JsonlWriter(path)
+    writer = metrics_log.JsonlWriter(path)
     writer.write(10, {"loss": 0.5})
     writer.write(10, {"ece": 0.2}, replace=True)  # nothing to replace: appended
     writer.write(10, {"ece": 0.3}, replace=True)

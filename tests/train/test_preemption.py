@@ -15,7 +15,8 @@ import pytest
 
 import _cli
 import _kill
-from calib_jax.train import loop, setup as setup_lib
+from calib_jax.train import loop, metrics_log
+from calib_jax.train import setup as setup_lib
 from calib_jax.train.checkpoint import Checkpointer
 from configs import digits_ce
 
@@ -55,7 +56,7 @@ def test_sigterm_checkpoints_exits_zero_and_resumes_to_the_same_result(tmp_path)
     result = _cli.run("digits_ce.py", stopped, *QUICK)
     assert result.returncode == 0, result.stderr[-2000:]
     # It resumed from the SIGTERM checkpoint (a restart would log step 10 again).
-    logged = [r["step"] for r in loop.load_jsonl(metrics) if "loss/total" in r]
+    logged = [r["step"] for r in metrics_log.load_jsonl(metrics) if "loss/total" in r]
     assert logged.count(10) == 1 and logged.count(400) == 1, logged
     with (
         np.load(straight / "logits" / "test.npz") as a,
@@ -131,6 +132,6 @@ def test_sigint_checkpoints_says_one_line_exits_130_and_resumes(tmp_path):
     result = _cli.run("digits_ce.py", workdir, *args)
     assert result.returncode == 0, result.stderr[-2000:]
     # It resumed from the saved step (a restart would log step 10 again).
-    logged = [r["step"] for r in loop.load_jsonl(workdir / "metrics.jsonl")]
+    logged = [r["step"] for r in metrics_log.load_jsonl(workdir / "metrics.jsonl")]
     train = [s for s in logged if s % 10 == 0]
     assert train.count(10) == 1 and logged.count(1000) == 2  # training, final eval

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from calib_jax.train import loop
+from calib_jax.train import loop, metrics_log
 
 # 100 dependent steps of a data-parallel program with an all-reduce on 8 CPU
 # devices, dispatched without waiting: XLA:CPU stops making progress once
@@ -109,7 +109,7 @@ def test_accumulate_sums_and_counts_each_key_like_float64(num_devices):
         metrics = {
             k: jax.device_put(jnp.float32(v), replicated) for k, v in values.items()
         }
-        acc = loop._accumulate(acc, metrics)
+        acc = metrics_log.accumulate(acc, metrics)
     for key in ("loss/total", "loss/a", "loss/b"):
         seen = [s[key] for s in steps if key in s]
         total, count = acc[key]

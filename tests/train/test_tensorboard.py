@@ -15,7 +15,8 @@ from etils.epath import gpath
 from PIL import Image
 
 from calib_jax import tensorboard
-from calib_jax.train.loop import load_jsonl, train_and_evaluate
+from calib_jax.train.loop import train_and_evaluate
+from calib_jax.train.metrics_log import load_jsonl
 from configs import digits_ce
 
 

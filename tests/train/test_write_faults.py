@@ -17,7 +17,7 @@ import pytest
 
 import _cli
 from calib_jax import storage
-from calib_jax.train import loop
+from calib_jax.train import metrics_log
 
 QUICK = (
     "--config.num_steps=20",
@@ -40,23 +40,23 @@ def _torn_append(path_text: str):
 
 def test_a_failed_append_is_cut_back_to_whole_records(tmp_path, monkeypatch):
     path = tmp_path / "metrics.jsonl"
-    writer = loop.JsonlWriter(path)
+    writer = metrics_log.JsonlWriter(path)
     writer.write(5, {"loss/total": 1.5})
     before = path.read_text()
     monkeypatch.setattr(storage, "append_text", _torn_append(str(path)))
-    with pytest.raises(loop.MetricsWriteError) as err:
+    with pytest.raises(metrics_log.MetricsWriteError) as err:
         writer.write(10, {"loss/total": 1.25})
     assert str(err.value) == (
         f"could not append to {path}: No space left on device; free space and "
         "rerun the same command to resume from the last checkpoint."
     )
     assert path.read_text() == before  # the torn half was cut off
-    assert [r["step"] for r in loop.load_jsonl(path)] == [5]
+    assert [r["step"] for r in metrics_log.load_jsonl(path)] == [5]
 
 
 def test_a_torn_line_that_stays_is_dropped_on_resume(tmp_path, monkeypatch):
     path = tmp_path / "metrics.jsonl"
-    writer = loop.JsonlWriter(path)
+    writer = metrics_log.JsonlWriter(path)
     writer.write(5, {"loss/total": 1.5})
     monkeypatch.setattr(storage, "append_text", _torn_append(str(path)))
 
@@ -64,7 +64,7 @@ def test_a_torn_line_that_stays_is_dropped_on_resume(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "truncate", no_truncate)
-    with pytest.raises(loop.MetricsWriteError):
+    with pytest.raises(metrics_log.MetricsWriteError):
         writer.write(10, {"loss/total": 1.25})
     monkeypatch.undo()
     assert not path.read_text().endswith("\n")  # torn
@@ -75,7 +75,7 @@ def test_a_torn_line_that_stays_is_dropped_on_resume(tmp_path, monkeypatch):
 
 def test_a_failed_rewrite_keeps_the_old_file(tmp_path, monkeypatch):
     path = tmp_path / "metrics.jsonl"
-    writer = loop.JsonlWriter(path)
+    writer = metrics_log.JsonlWriter(path)
     writer.write(5, {"test/ece": 0.5})
     before = path.read_text()
 
@@ -83,7 +83,7 @@ def test_a_failed_rewrite_keeps_the_old_file(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(storage, "write_text", full)
-    with pytest.raises(loop.MetricsWriteError) as err:
+    with pytest.raises(metrics_log.MetricsWriteError) as err:
         writer.write(5, {"test/ece": 0.25}, replace=True)  # a rerun's final eval
     assert str(err.value) == (
         f"could not rewrite {path}: No space left on device; free space and "
@@ -143,7 +143,7 @@ def test_a_full_disk_on_metrics_is_one_line_exit_4_and_the_rerun_resumes(tmp_pat
     assert [json.loads(ln)["step"] for ln in text.splitlines()] == [5, 10]
     resumed = _cli.run("digits_ce.py", workdir, *QUICK)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    train = [r["step"] for r in loop.load_jsonl(metrics) if "loss/total" in r]
+    train = [r["step"] for r in metrics_log.load_jsonl(metrics) if "loss/total" in r]
     assert train == [5, 10, 15, 20]
 
 

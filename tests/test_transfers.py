@@ -137,8 +137,11 @@ def test_fetched_array_keeps_host_copy():
         lambda p, y: metrics.classwise_ece(p, y, where=jnp.arange(96) % 7 != 3),
         lambda p, y: metrics.brier(p, y),
         lambda p, y: metrics.summary(p, y, names=("accuracy", "ece", "nll")),
+        lambda p, y: metrics.ece_consistency_test(
+            p, y, key=jax.random.key(0), num_samples=9, num_bins=5
+        ),
     ],
-    ids=["ece", "adaptive_ece", "classwise_ece_where", "brier", "summary"],
+    ids=["ece", "adaptive_ece", "classwise_ece_where", "brier", "summary", "test"],
 )
 def test_eager_metric_is_one_transfer(monkeypatch, call):
     _, p, y = _probs()

@@ -372,6 +372,10 @@ def ece_consistency_test(
         )
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}.")
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+    probs, labels, where = _validate.check_probs_labels(
+        probs, labels, where, values=False
+    )
     key = _check_key(key)
-    return _consistency_core(probs, labels, where, key, int(num_samples), m)
+    return _validate.evaluate(
+        _consistency_core, probs, labels, where, int(num_samples), m, operands=(key,)
+    )

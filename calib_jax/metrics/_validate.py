@@ -197,17 +197,16 @@ def explain(probs, labels, where) -> None:
         raise ValueError(_checks.label_message(k, bad, int(first_bad), int(n_bad)))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
-def _with_summary(core, probs, labels, where, static, screened):
-    if screened:
-        out, sums = core(probs, labels, where, *static, True)
-    else:
-        out, sums = core(probs, labels, where, *static), None
+@functools.partial(jax.jit, static_argnums=(0, 5, 6))
+def _with_summary(core, probs, labels, where, operands, static, screened):
+    args = (probs, labels, where, *operands, *static)
+    out, sums = core(*args, True) if screened else (core(*args), None)
     return out, probs_summary(probs, labels, where, sums)
 
 
-def evaluate(core, probs, labels, where, *static, screened: bool = False):
-    """``core(probs, labels, where, *static)`` with the value checks fused in.
+def evaluate(core, probs, labels, where, *static, screened=False, operands=()):
+    """``core(probs, labels, where, *operands, *static)`` with the value
+    checks fused in.
 
     Concrete inputs run one compiled program, the metric and
     :func:`probs_summary` together, fetch both in one transfer
@@ -222,10 +221,12 @@ def evaluate(core, probs, labels, where, *static, screened: bool = False):
       screened: whether ``core`` takes a last static ``screen`` flag and then
         returns ``(value, sums)``, the screen's row sums from its own read of
         ``probs`` (or None).
+      operands: further array arguments of ``core`` (e.g. a PRNG key).
     """
-    if not _checks.is_concrete(probs, labels, where):
-        return core(probs, labels, where, *static)
-    out, summary = _with_summary(core, probs, labels, where, static, screened)
+    if not _checks.is_concrete(probs, labels, where, *operands):
+        return core(probs, labels, where, *operands, *static)
+    operands = tuple(operands)
+    out, summary = _with_summary(core, probs, labels, where, operands, static, screened)
     raise_for_summary(_checks.fetch(out, summary), probs, labels, where)
     return out
 

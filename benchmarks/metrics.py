@@ -29,7 +29,6 @@ seconds (less sensitive to other processes on a shared machine).
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import platform
 import re
@@ -258,6 +257,13 @@ EAGER_TARGET = 1.5
 EAGER_NOTES = """\
 Notes:
 
+- One transfer per call: both columns include the caller's `float()` of the
+  value. The eager call fetches the value with its check summary in one
+  `jax.device_get` (`calib_jax._checks.fetch`); the fetched array keeps its
+  host copy, so the `float()` reads it without a second round trip
+  (`tests/test_transfers.py`). On this CPU a fetch costs next to nothing;
+  on a GPU each separate fetch is a synchronising round trip.
+
 - Before this change the eager call ran a separate compiled value check
   (row reductions over K with masked selects, about 350 ms of the 470 ms
   eager `ece` at (1e5, 1000)) and then the metric. Now the metric's own
@@ -306,8 +312,9 @@ def eager_vs_jit(rounds: int) -> list[dict]:
         for name in NUMPY:
             eager = metrics.get_metric(name)
             jitted = jax.jit(eager)
-            fns[name] = functools.partial(eager, probs, labels)
-            fns["jit_" + name] = functools.partial(jitted, probs, labels)
+            # As users call them: the value read on the host (float()).
+            fns[name] = lambda f=eager: float(f(probs, labels))
+            fns["jit_" + name] = lambda f=jitted: float(f(probs, labels))
             first[name] = _first_call(fns[name])
             first["jit_" + name] = _first_call(fns["jit_" + name])
         times = interleaved_medians(fns, rounds=rounds)
@@ -362,11 +369,12 @@ def eager_section(rows: list[dict], load: str) -> str:
             + " --only eager`",
             "",
             (
-                "Eager = the public function called on concrete arrays, its input "
-                "checks included (static checks, then one compiled program that "
-                "computes the metric and the value screen together; the host "
-                "raises from the screen). jit = `jax.jit` of the same call (the "
-                "traced call checks shapes only). Median per call over "
+                "Eager = `float(metric(probs, labels))` on concrete arrays, its "
+                "input checks included (static checks, then one compiled program "
+                "that computes the metric and the value screen together, both "
+                "fetched in one transfer; the host raises from the screen). jit "
+                "= `float()` of `jax.jit` of the same call (the traced call "
+                "checks shapes only). Median per call over "
                 "interleaved rounds, one run. First call: the first eager call "
                 "at that shape in the process (tracing + compile + one run); "
                 "compile = first call minus the steady eager call. same bits: "

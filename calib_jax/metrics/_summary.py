@@ -127,71 +127,70 @@ def summary(
 ) -> dict[str, jax.Array]:
     r"""The reported metrics of one evaluation set, as a dict.
 
-        Every value is the public metric of :data:`SUMMARY_METRICS` with its
-        convention, so ``summary(p, y)["ece"]`` is ``metrics.ece(p, y)`` bit for
-        bit (the metrics trace into one program; eagerly the inputs are checked
-        in it and values and checks reach the host in one transfer). With
-        :math:`c_i = \max_k p_{ik}`, :math:`\hat y_i` the first arg-max and bins
-        :math:`B_m`:
+    Every value is the public metric of :data:`SUMMARY_METRICS` with its
+    convention, so ``summary(p, y)["ece"]`` is ``metrics.ece(p, y)`` bit for
+    bit (the metrics trace into one program; eagerly the inputs are checked
+    in it and values and checks reach the host in one transfer). With
+    :math:`c_i = \max_k p_{ik}`, :math:`\hat y_i` the first arg-max and bins
+    :math:`B_m`:
 
-        - ``accuracy``: :math:`\frac1N\sum_i [\hat y_i = y_i]`;
-        - ``ece`` (equal-width bins, :math:`\ell_1`, Eq. (3) of [1]) and
-          ``ece_l2_em`` (equal-mass bins, :math:`\ell_2`, the convention of [2]):
-          :math:`\big(\sum_m \frac{|B_m|}{N} |\mathrm{acc}(B_m) -
-          \mathrm{conf}(B_m)|^p\big)^{1/p}`;
-        - ``adaptive_ece``: the :math:`\ell_1` ECE with equal-mass bins [3];
-        - ``classwise_ece``: the mean over classes of the equal-width ECE of
-          :math:`p_{ik}` against :math:`[y_i = k]` (Def. A.1, Eq. (18) of [4]);
-        - ``ks_error``: :math:`\max_\sigma |\frac1N\sum_{j:\,c_j \le \sigma}
-          ([\hat y_j = y_j] - c_j)|` over the distinct confidences :math:`\sigma`
-          [5];
-        - ``brier``: :math:`\frac1N\sum_i\sum_k (p_{ik} - [y_i = k])^2` (Def. A.2,
-          Eq. (19) of [4]);
-        - ``nll``: :math:`-\frac1N\sum_i \log \max(p_{iy_i}, t)`, :math:`t` the
-          smallest normal float;
-        - ``aurc``: the area under the risk-coverage curve of the maximum
-          softmax probability (Def. 3.3 of [4]; [6]).
+    - ``accuracy``: :math:`\frac1N\sum_i [\hat y_i = y_i]`;
+    - ``ece`` (equal-width bins, :math:`\ell_1`, Eq. (3) of [1]) and
+      ``ece_l2_em`` (equal-mass bins, :math:`\ell_2`, the convention of [2]):
+      :math:`\big(\sum_m \frac{|B_m|}{N} |\mathrm{acc}(B_m) -
+      \mathrm{conf}(B_m)|^p\big)^{1/p}`;
+    - ``adaptive_ece``: the :math:`\ell_1` ECE with equal-mass bins [3];
+    - ``classwise_ece``: the mean over classes of the equal-width ECE of
+      :math:`p_{ik}` against :math:`[y_i = k]` (Def. A.1, Eq. (18) of [4]);
+    - ``ks_error``: :math:`\max_\sigma |\frac1N\sum_{j:\,c_j \le \sigma}
+      ([\hat y_j = y_j] - c_j)|` over the distinct confidences :math:`\sigma`
+      [5];
+    - ``brier``: :math:`\frac1N\sum_i\sum_k (p_{ik} - [y_i = k])^2` (Def. A.2,
+      Eq. (19) of [4]);
+    - ``nll``: :math:`-\frac1N\sum_i \log \max(p_{iy_i}, t)`, :math:`t` the
+      smallest normal float;
+    - ``aurc``: the area under the risk-coverage curve of the maximum
+      softmax probability (Def. 3.3 of [4]; [6]).
 
-        Args:
-          probs: float ``[N, K]`` rows on the probability simplex.
-          labels: int ``[N]`` class ids in ``[0, K)``.
-          num_bins: bins of the binned metrics (static under ``jax.jit``).
-          names: the keys to compute, in the returned order (default: every key
-            of :data:`SUMMARY_METRICS`, in its order).
-          where: optional bool ``[N]``; ``False`` rows are excluded.
+    Args:
+      probs: float ``[N, K]`` rows on the probability simplex.
+      labels: int ``[N]`` class ids in ``[0, K)``.
+      num_bins: bins of the binned metrics (static under ``jax.jit``).
+      names: the keys to compute, in the returned order (default: every key
+        of :data:`SUMMARY_METRICS`, in its order).
+      where: optional bool ``[N]``; ``False`` rows are excluded.
 
-        Returns:
-          ``{key: float32 scalar}``. Jittable (``num_bins`` and ``names``
-          static) and vmappable over leading axes of ``probs``, ``labels`` and
-          ``where``.
+    Returns:
+      ``{key: float32 scalar}``. Jittable (``num_bins`` and ``names``
+      static) and vmappable over leading axes of ``probs``, ``labels`` and
+      ``where``.
 
-        Raises:
-          ValueError: an unknown name, or (eagerly) the inputs fail a metric's
-            checks.
+    Raises:
+      ValueError: an unknown name, or (eagerly) the inputs fail a metric's
+        checks.
 
-        References:
-          [1] C. Guo et al., "On Calibration of Modern Neural Networks", ICML
-          2017, arXiv:1706.04599v2, Eq. (3).
-          [2] A. Karandikar et al., "Soft Calibration Objectives for Neural
-          Networks", NeurIPS 2021 (ECE with 15 equal-mass bins, l2, Table 2).
-          [3] J. Nixon et al., "Measuring Calibration in Deep Learning", CVPR
-          Workshops 2019 (adaptive calibration error).
-          [4] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC,
-          Focal and Inverse Focal Loss".
-          [5] K. Gupta et al., "Calibration of Neural Networks using Splines",
-          ICLR 2021 (KS calibration error).
-          [6] Y. Geifman, G. Uziel, R. El-Yaniv, "Bias-Reduced Uncertainty
-          Estimation for Deep Neural Classifiers", ICLR 2019 (AURC).
+    References:
+      [1] C. Guo et al., "On Calibration of Modern Neural Networks", ICML
+      2017, arXiv:1706.04599v2, Eq. (3).
+      [2] A. Karandikar et al., "Soft Calibration Objectives for Neural
+      Networks", NeurIPS 2021 (ECE with 15 equal-mass bins, l2, Table 2).
+      [3] J. Nixon et al., "Measuring Calibration in Deep Learning", CVPR
+      Workshops 2019 (adaptive calibration error).
+      [4] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC,
+      Focal and Inverse Focal Loss".
+      [5] K. Gupta et al., "Calibration of Neural Networks using Splines",
+      ICLR 2021 (KS calibration error).
+      [6] Y. Geifman, G. Uziel, R. El-Yaniv, "Bias-Reduced Uncertainty
+      Estimation for Deep Neural Classifiers", ICLR 2019 (AURC).
 
-        Examples:
-          >>> import jax.numpy as jnp
-          >>> from calib_jax import metrics
-    from calib_jax.metrics import _validate
-          >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
-          >>> labels = jnp.array([0, 0, 0, 1])
-          >>> out = metrics.summary(probs, labels, names=("accuracy", "brier"))
-          >>> print({k: round(float(v), 3) for k, v in out.items()})
-          {'accuracy': 0.75, 'brier': 0.35}
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from calib_jax import metrics
+      >>> probs = jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
+      >>> labels = jnp.array([0, 0, 0, 1])
+      >>> out = metrics.summary(probs, labels, names=("accuracy", "brier"))
+      >>> print({k: round(float(v), 3) for k, v in out.items()})
+      {'accuracy': 0.75, 'brier': 0.35}
     """
     names = check_names(tuple(SUMMARY_METRICS) if names is None else names)
     probs, labels, where = _validate.check_probs_labels(

@@ -44,7 +44,7 @@ def _save(fig, path: str | os.PathLike | None) -> None:
     if path is not None:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", bbox_inches="tight")
-        storage.write_bytes(storage.as_path(path, what="path"), buf.getvalue())
+        storage.write_bytes(path, buf.getvalue())  # parses the path
 
 
 def reliability_diagram(

@@ -76,7 +76,10 @@ def as_path(value: str | os.PathLike, *, what: str = "path") -> epath.Path:
       what: how errors name the value (e.g. ``"--workdir"``).
 
     Returns:
-      The path; ``gs://`` paths are read and written through gcsfs.
+      The path; ``gs://`` paths are read and written through gcsfs. An
+      ``epath.Path`` is returned as it is: it was parsed where it entered
+      (a command-line flag, the argument of a public function), and the
+      layers and helpers below pass it on without parsing it again.
 
     Raises:
       ValueError: one line naming ``value``: an empty path, a URL without a
@@ -84,6 +87,8 @@ def as_path(value: str | os.PathLike, *, what: str = "path") -> epath.Path:
         create a local directory ``gs:``), an unsupported scheme, or an
         invalid GCS bucket name.
     """
+    if isinstance(value, epath.Path):
+        return value
     text = os.fspath(value)
     if not text:
         raise ValueError(f"{what} is empty; give a local path or gs://<bucket>/<path>.")

@@ -283,10 +283,10 @@ def ood_fields(
     return out
 
 
-def _logit_files(train_dir: epath.PathLike) -> dict[str, epath.Path]:
+def _logit_files(train_dir: epath.Path) -> dict[str, epath.Path]:
     """``{split: path}`` of a run's exported ``logits/*.npz`` (OOD set aside)."""
     out = {}
-    for path in sorted((storage.as_path(train_dir) / "logits").glob("*.npz")):
+    for path in sorted((train_dir / "logits").glob("*.npz")):
         name = path.stem
         if name.startswith("shift_"):
             corruption, _, severity = name[len("shift_") :].rpartition("_")
@@ -296,12 +296,12 @@ def _logit_files(train_dir: epath.PathLike) -> dict[str, epath.Path]:
 
 
 def load_mutual_information(
-    train_dir: epath.PathLike, ood_name: str = ""
+    train_dir: epath.Path, ood_name: str = ""
 ) -> dict[str, np.ndarray]:
     """``{split: float32 [N]}`` of the per-row mutual information an MC-dropout
     run exported (field ``mutual_information``) for ``test`` and the OOD set
     (``'ood'``); ``{}`` for a run without it."""
-    directory = storage.as_path(train_dir) / "logits"
+    directory = train_dir / "logits"
     paths = {"test": directory / "test.npz"}
     if ood_name:
         key = train_eval.OOD_KEY
@@ -348,7 +348,7 @@ def ensemble_logits(
       ValueError: a member lacks a split of the first member, or the members'
         labels or shapes of a split differ (runs of different data).
     """
-    dirs = [storage.as_path(d) for d in train_dirs]
+    dirs = list(train_dirs)
     files = [_logit_files(d) for d in dirs]
     if "val" not in files[0] or "test" not in files[0]:
         raise ValueError(
@@ -402,7 +402,7 @@ def ensemble_logits(
 
 
 def load_logits(
-    train_dir: epath.PathLike, ood_name: str = ""
+    train_dir: epath.Path, ood_name: str = ""
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{split: (logits, labels)}`` exported by the trainer.
 
@@ -411,7 +411,7 @@ def load_logits(
     ``ood_name`` is given.
     """
     out = {}
-    for path in sorted((storage.as_path(train_dir) / "logits").glob("*.npz")):
+    for path in sorted((train_dir / "logits").glob("*.npz")):
         name = path.stem
         if name.startswith("shift_"):
             corruption, _, severity = name[len("shift_") :].rpartition("_")
@@ -424,7 +424,7 @@ def load_logits(
         )
     if ood_name:
         key = train_eval.OOD_KEY
-        directory = storage.as_path(train_dir) / "logits"
+        directory = train_dir / "logits"
         out.update(train_eval.read_logits(directory, [key], ood_name))
     return out
 

@@ -18,18 +18,18 @@ from collections import defaultdict
 import numpy as np
 from etils import epath
 
-from calib_jax import storage, tensorboard
+from calib_jax import tensorboard
 
 # The metrics of each row written as scalars.
 SCALARS = ("ece", "accuracy", "nll")
 
 
-def root(workdir: epath.PathLike) -> epath.Path:
+def root(workdir: epath.Path) -> epath.Path:
     """The benchmark's TensorBoard directory."""
-    return storage.as_path(workdir) / tensorboard.DIRNAME
+    return workdir / tensorboard.DIRNAME
 
 
-def write_cell(workdir: epath.PathLike, method: str, seed: int, rows) -> None:
+def write_cell(workdir: epath.Path, method: str, seed: int, rows) -> None:
     """Writes the scalars of one finished cell (its result rows)."""
     curves = defaultdict(lambda: defaultdict(list))
     with tensorboard.Writer(root(workdir) / method / f"seed{seed}") as tb:
@@ -43,11 +43,10 @@ def write_cell(workdir: epath.PathLike, method: str, seed: int, rows) -> None:
                 tb.scalars(severity, {f"{cal}/ece_vs_severity": np.mean(values)})
 
 
-def write_figures(workdir: epath.PathLike, names) -> None:
+def write_figures(workdir: epath.Path, names) -> None:
     """Writes the report's PNG figures ``names`` (under ``workdir``) as images."""
     from matplotlib import image as mpimg
 
-    workdir = storage.as_path(workdir)
     with tensorboard.Writer(root(workdir) / "report") as tb:
         for name in names:
             pixels = mpimg.imread(io.BytesIO((workdir / name).read_bytes()), "png")

@@ -43,7 +43,7 @@ import re
 from etils import epath
 from ml_collections import ConfigDict
 
-from calib_jax import objectives, storage
+from calib_jax import objectives
 from calib_jax.objectives import OBJECTIVES
 
 PROCEDURES = ("interleaved_sb_ece", "two_stage", "mc_dropout")
@@ -279,9 +279,9 @@ def train_config(
     return c
 
 
-def cell_dir(workdir: epath.PathLike, method: str, seed: int) -> epath.Path:
+def cell_dir(workdir: epath.Path, method: str, seed: int) -> epath.Path:
     """Where a cell keeps its training run and its result rows."""
-    return storage.as_path(workdir) / "cells" / method / f"seed{seed}"
+    return workdir / "cells" / method / f"seed{seed}"
 
 
 def train_dir(workdir: epath.PathLike, method: str, seed: int) -> epath.Path:

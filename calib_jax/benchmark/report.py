@@ -33,9 +33,9 @@ def figures(markdown: str) -> list[str]:
     return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
 
 
-def read_reliability(workdir: epath.PathLike) -> list[dict]:
+def read_reliability(workdir: epath.Path) -> list[dict]:
     """The reliability rows of ``workdir`` (``[]`` when it has none)."""
-    path = storage.as_path(workdir) / evaluate.RELIABILITY_FILE
+    path = workdir / evaluate.RELIABILITY_FILE
     if not path.exists():
         return []
     return storage.read_jsonl(path)

@@ -13,6 +13,8 @@ import logging
 import os
 from collections.abc import Callable
 
+from etils import epath
+
 from calib_jax import storage
 from calib_jax.data import _digits, corruptions
 from calib_jax.data._sources import ArraySource, NpySource, Source, TfdsSource
@@ -319,11 +321,9 @@ def _cifar10_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
     (read as CIFAR-100-C's); any other is a TFDS data dir with
     ``cifar10_corrupted/<corruption>_<severity>`` configs.
     """
-    if (
-        data_dir
-        and (storage.as_path(data_dir, what="data_dir") / "labels.npy").exists()
-    ):
-        return _npy_corrupted_dataset(INFO["cifar10_corrupted"], data_dir, "CIFAR-10-C")
+    given = storage.as_path(data_dir, what="data_dir") if data_dir else None
+    if given is not None and (given / "labels.npy").exists():
+        return _npy_corrupted_dataset(INFO["cifar10_corrupted"], given, "CIFAR-10-C")
     root = storage.as_path(_tfds_dir(data_dir), what="data_dir") / "cifar10_corrupted"
     configs = []
     if root.is_dir():
@@ -367,8 +367,11 @@ _RELEASES = {
 }
 
 
-def _npy_corrupted_dataset(info: DatasetInfo, data_dir, title: str) -> Dataset:
-    """A published CIFAR-C ``.npy`` directory (CIFAR-10-C and CIFAR-100-C alike)."""
+def _npy_corrupted_dataset(
+    info: DatasetInfo, root: epath.Path | None, title: str
+) -> Dataset:
+    """A published CIFAR-C ``.npy`` directory (CIFAR-10-C and CIFAR-100-C alike),
+    ``root`` as parsed from ``data_dir`` (None: not given)."""
     layout = (
         f"Expected the published {title} directory (Hendrycks & Dietterich 2019; "
         f"{title}.tar from {_RELEASES[title]}, extracted): one "
@@ -376,9 +379,8 @@ def _npy_corrupted_dataset(info: DatasetInfo, data_dir, title: str) -> Dataset:
         "severities stacked in order (10000 images each), plus labels.npy. Pass "
         "data_dir=<that directory>."
     )
-    if not data_dir:
+    if root is None:
         raise ValueError(f"{info.name} needs data_dir. " + layout)
-    root = storage.as_path(data_dir, what="data_dir")
     labels_path = root / "labels.npy"
     files = sorted(p for p in root.glob("*.npy") if p.name != "labels.npy")
     if not root.is_dir() or not labels_path.exists() or not files:
@@ -418,7 +420,8 @@ def _npy_corrupted_dataset(info: DatasetInfo, data_dir, title: str) -> Dataset:
 
 
 def _cifar100_corrupted_dataset(*, data_dir: str | None = None) -> Dataset:
-    return _npy_corrupted_dataset(INFO["cifar100_corrupted"], data_dir, "CIFAR-100-C")
+    root = storage.as_path(data_dir, what="data_dir") if data_dir else None
+    return _npy_corrupted_dataset(INFO["cifar100_corrupted"], root, "CIFAR-100-C")
 
 
 DATASETS: dict[str, Callable[..., Dataset]] = {

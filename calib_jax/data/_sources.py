@@ -110,16 +110,14 @@ class NpySource:
       severity: 1..5.
     """
 
-    def __init__(
-        self, images_path: epath.PathLike, labels_path: epath.PathLike, severity: int
-    ):
+    def __init__(self, images_path: epath.Path, labels_path: epath.Path, severity: int):
         total = storage.read_npy_header(images_path).shape[0]
         n = total // 5
         start, stop = (severity - 1) * n, severity * n
         self.images = storage.load_npy(images_path, start=start, stop=stop)
         labels = storage.load_npy(labels_path)
         self.labels = labels[start:stop] if len(labels) == total else labels
-        self.path, self.severity = storage.as_path(images_path), severity
+        self.path, self.severity = images_path, severity
 
     def __len__(self) -> int:
         return len(self.labels)

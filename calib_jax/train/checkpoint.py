@@ -96,7 +96,7 @@ def _restore_verified(
       DamagedCheckpoint: the checksums are missing, or an array differs.
       Exception: whatever Orbax raises for bytes it cannot read.
     """
-    if not (storage.as_path(manager.directory) / str(step) / CHECKSUMS).exists():
+    if not (manager.directory / str(step) / CHECKSUMS).exists():  # an epath.Path
         raise DamagedCheckpoint("it has no checksum record")
     try:
         restored = manager.restore(

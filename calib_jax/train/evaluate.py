@@ -637,7 +637,7 @@ def logits_file(key: str, ood_name: str = "") -> str:
 
 
 def export_logits(
-    directory: epath.PathLike,
+    directory: epath.Path,
     logits: dict[str, tuple[np.ndarray, np.ndarray]],
     ood_name: str = "",
     *,
@@ -649,7 +649,6 @@ def export_logits(
     (``{key: {field: [N]}}``; MC dropout's ``mutual_information``) become
     further fields of their set's file.
     """
-    directory = storage.as_path(directory)
     storage.make_dirs(directory)
     for key, (z, y) in logits.items():
         path = directory / logits_file(key, ood_name)
@@ -668,14 +667,13 @@ def _load_set(directory: epath.Path, key: str, ood_name: str):
 
 
 def read_logits(
-    directory: epath.PathLike, keys: list[str], ood_name: str = ""
+    directory: epath.Path, keys: list[str], ood_name: str = ""
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{key: (logits float32, labels int32)}`` of ``keys``, read in that order.
 
     Raises:
       ValueError: a file is missing (named).
     """
-    directory = storage.as_path(directory)
     out = {}
     for key in keys:
         f = _load_set(directory, key, ood_name)
@@ -687,7 +685,7 @@ def read_logits(
 
 
 def read_extras(
-    directory: epath.PathLike, keys: list[str], ood_name: str = ""
+    directory: epath.Path, keys: list[str], ood_name: str = ""
 ) -> dict[str, dict[str, np.ndarray]]:
     """``{key: {'mutual_information': float32 [N]}}`` of the sets of ``keys``
     whose file holds that field (a run with MC dropout); others are left out.
@@ -695,7 +693,6 @@ def read_extras(
     Raises:
       ValueError: a file is missing (named).
     """
-    directory = storage.as_path(directory)
     out = {}
     for key in keys:
         f = _load_set(directory, key, ood_name)
@@ -706,10 +703,10 @@ def read_extras(
     return out
 
 
-def exported_shifts(directory: epath.PathLike) -> list[tuple[str, int]]:
+def exported_shifts(directory: epath.Path) -> list[tuple[str, int]]:
     """``(corruption, severity)`` of every ``shift_*.npz`` under ``directory``, sorted."""
     out = []
-    for path in storage.as_path(directory).glob("shift_*.npz"):
+    for path in directory.glob("shift_*.npz"):
         corruption_name, _, severity = path.stem[len("shift_") :].rpartition("_")
         if corruption_name and severity.isdigit():
             out.append((corruption_name, int(severity)))

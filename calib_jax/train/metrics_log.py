@@ -27,8 +27,8 @@ class JsonlWriter:
     :meth:`truncate_after`).
     """
 
-    def __init__(self, path: epath.PathLike):
-        self.path = storage.as_path(path)
+    def __init__(self, path: epath.Path):
+        self.path = path
 
     def write(self, step: int, values: dict, *, replace: bool = False) -> None:
         """Appends one record; ``replace``: drops an older one of its step and keys.

@@ -144,6 +144,12 @@ FAMILIES: dict[str, Family] = {
         tpu="plain",
         gpu="plain",
     ),
+    "posthoc_order_statistics": Family(
+        "posthoc._cpu_kernels.grouped_cut",
+        "histogram binning's equal-mass cuts by a radix select instead of a sort",
+        tpu="plain",
+        gpu="plain",
+    ),
 }
 
 # The override in force: a sorted tuple of (family or '*', mode) pairs. It is

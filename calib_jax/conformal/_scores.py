@@ -482,5 +482,25 @@ def conformal_quantile(scores: jax.typing.ArrayLike, *, alpha: float) -> jax.Arr
 
 @functools.partial(jax.jit, static_argnames="rank")
 def order_statistic(scores, *, rank):
-    """The ``rank``-th smallest of ``scores`` (1-based; jitted)."""
-    return jnp.sort(scores)[rank - 1]
+    """The ``rank``-th smallest of ``scores`` (1-based; jitted).
+
+    By its definition, the smallest score :math:`s` with :math:`\\#\\{i : s_i
+    \\le s\\} \\ge` ``rank``, found by bisection over the float32 order (bit
+    patterns mapped to uint32 keys that order like the floats): 32 counts of
+    the scores, each a plain comparison and sum, instead of a sort (much
+    slower on XLA:CPU at 5e4 scores; ``benchmarks/RESULTS.md``). The result is
+    always one of the scores.
+    """
+    bits = lax.bitcast_convert_type(scores.astype(jnp.float32) + 0.0, jnp.uint32)
+    sign = jnp.uint32(0x80000000)
+    # Negative floats: all bits flipped; others: the sign bit set.
+    keys = jnp.where(bits >= sign, ~bits, bits | sign)
+
+    def step(i, ans):
+        half = jnp.left_shift(jnp.uint32(1), (31 - i).astype(jnp.uint32))
+        below = jnp.sum((keys <= ans + (half - 1)).astype(jnp.int32))
+        return jnp.where(below < rank, ans + half, ans)
+
+    key = lax.fori_loop(0, 32, step, jnp.uint32(0))
+    bits = jnp.where(key >= sign, key & ~sign, ~key)
+    return lax.bitcast_convert_type(bits, jnp.float32)

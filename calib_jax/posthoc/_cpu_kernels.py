@@ -16,12 +16,19 @@ and a custom JVP computes the derivative from the same pass, using
 
 The last block is shifted back to end at row ``N`` (it recomputes a few rows,
 writing the same values).
+
+Kernel family ``'posthoc_order_statistics'``: the equal-mass cuts of
+histogram binning (plain form ``_reduction.grouped_cut``, a sort of
+(group, score) and a cut at the wanted ranks). XLA:CPU sorts are slow; here
+the order statistics come from a most-significant-digit-first radix select
+over the scores' float32 bit patterns, one scatter-add per digit, no sort.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 # Entries of the logits per block: large enough to amortise the loop, small
@@ -97,3 +104,150 @@ def _top_confidence_of_log_t_jvp(primals, tangents):
     c = 1.0 / big_s
     # dc_n/du = -(dS_n/ds)(ds/du) / S_n^2 = s W_n c_n^2.
     return c, s * big_w * c * c * tangents[0]
+
+
+def grouped_cut(v, group, *, num_groups, ranks, top_label_of=0):
+    """Drop-in for ``_reduction.grouped_cut`` by :func:`grouped_order_statistics`
+    on uint32 keys ordering like the scores.
+
+    Top-label confidences of ``top_label_of = K`` classes lie in
+    :math:`[\\mathrm{fl}(1/K), 1]`, so their keys, offset by the bit pattern of
+    :math:`\\mathrm{fl}(1/K)` less a margin of 2**12, span about
+    :math:`2^{23} \\log_2 K` patterns and take fewer digits; other scores use
+    all 32 bits. Values of empty groups are unspecified.
+    """
+    bits = lax.bitcast_convert_type(v.astype(jnp.float32) + 0.0, jnp.uint32)
+    if top_label_of:
+        one_over_k = np.float32(1.0) / np.float32(top_label_of)
+        low = max(int(one_over_k.view(np.uint32)) - 4096, 0)
+        high = int(np.float32(1.0).view(np.uint32))
+        key_bits = max(1, (high - low).bit_length())
+        # Scores outside [low, high] (only NaN rows, which the value check
+        # rejects) are clipped so the keys stay in range.
+        keys = jnp.clip(bits, np.uint32(low), np.uint32(high)) - np.uint32(low)
+    else:
+        low, key_bits, keys = 0, 32, bits
+    values, count_le, sizes = grouped_order_statistics(
+        keys, group, ranks, num_groups=num_groups, key_bits=key_bits
+    )
+    values = lax.bitcast_convert_type(values + np.uint32(low), jnp.float32)
+    return values, count_le, sizes
+
+
+def _widths(num_slots: int, key_bits: int = 32) -> tuple[int, ...]:
+    # Wide digits keep the passes few; with many (group, rank) slots narrow
+    # digits keep the per-slot histograms small.
+    if key_bits == 32:
+        return (11, 11, 10) if num_slots <= 1024 else (8, 8, 8, 8)
+    widest = 13 if num_slots <= 256 else 11 if num_slots <= 1024 else 8
+    passes = -(-key_bits // widest)
+    base, extra = divmod(key_bits, passes)
+    return tuple(base + (i < extra) for i in range(passes))
+
+
+def grouped_order_statistics(
+    bits: jax.Array,
+    group: jax.Array,
+    ranks,
+    *,
+    num_groups: int | None = None,
+    key_bits: int = 32,
+):
+    """The ``ranks[g, r]``-th smallest ``bits`` among the rows of group ``g``.
+
+    A most-significant-digit-first radix select, as
+    :func:`calib_jax.metrics._order_statistics.order_statistics`, for ``G`` groups at
+    once: every pass histograms one digit of each row into the slot of its
+    group and the wanted ranks whose higher digits it matches (ranks sharing
+    those digits share a slot), then picks each rank's digit from the
+    cumulative counts. Each pass is one scatter-add and one gather over the
+    rows; exact for any keys, ties included.
+
+    Args:
+      bits: uint32 ``[M]`` keys (non-negative float32 bit patterns order like
+        the floats).
+      group: int32 ``[M]`` group of each row in ``[0, G]``; ``G`` excludes
+        the row.
+      ranks: int32 ``[G, R]``, ascending along ``R``, each in ``[0, n_g)``
+        (``n_g`` the group's size; anything for an empty group); or a
+        function of the group sizes ``n`` (int32 ``[G]``) returning them, which
+        the first pass's histogram gives without another pass over the rows.
+      num_groups: static ``G``; needed when ``ranks`` is a function.
+      key_bits: static; every key is below ``2**key_bits`` (fewer bits, fewer
+        passes).
+
+    Returns:
+      ``(values, count_le, sizes)``: uint32 ``[G, R]`` order statistics, int32
+      ``[G, R]`` numbers of the group's rows ``<=`` each of them, and the
+      int32 ``[G]`` group sizes.
+    """
+    if callable(ranks):
+        g_count, rank_fn = num_groups, ranks
+        r_count = jax.eval_shape(
+            rank_fn, jax.ShapeDtypeStruct((g_count,), jnp.int32)
+        ).shape[1]
+    else:
+        g_count, r_count = ranks.shape
+        rank_fn = None
+    slots = g_count * r_count
+    m = bits.shape[0]
+    ones = jnp.ones((m,), jnp.int32)
+    rank_group = jnp.arange(g_count, dtype=jnp.int32)[:, None]
+    prefix = jnp.zeros((g_count, r_count), jnp.uint32)
+    sizes = None
+    widths = _widths(slots, key_bits)
+    shift = key_bits
+    row_slot = None  # slot of each row after the previous pass (slots = none)
+    rank_slot = None  # slot of each rank after the previous pass
+    for i, width in enumerate(widths):
+        shift -= width
+        size = 1 << width
+        digit = ((bits >> shift) & (size - 1)).astype(jnp.int32)
+        if i == 0:
+            seg = jnp.where(group < g_count, group * size + digit, g_count * size)
+            hist = jax.ops.segment_sum(ones, seg, g_count * size + 1)
+            hist = hist[: g_count * size].reshape(g_count, size)
+            sizes = jnp.sum(hist, axis=1)
+            if rank_fn is not None:
+                ranks = rank_fn(sizes)
+            local = ranks.astype(jnp.int32)
+            counts = jnp.broadcast_to(hist[:, None, :], (g_count, r_count, size))
+        else:
+            seg = jnp.where(row_slot < slots, row_slot * size + digit, slots * size)
+            hist = jax.ops.segment_sum(ones, seg, slots * size + 1)
+            hist = hist[: slots * size].reshape(slots, size)
+            counts = hist[rank_slot]
+        cum = jnp.cumsum(counts, axis=-1)
+        chosen = jnp.sum((cum <= local[..., None]).astype(jnp.int32), axis=-1)
+        chosen = jnp.minimum(chosen, size - 1)
+        at_cum, at_count = (
+            jnp.take_along_axis(a, chosen[..., None], axis=-1)[..., 0]
+            for a in (cum, counts)
+        )
+        local = local - (at_cum - at_count)
+        prefix = (prefix << width) | chosen.astype(jnp.uint32)
+        if i == len(widths) - 1:
+            # ``local`` is now the rank among the rows equal to the value, and
+            # the chosen digit's count is the number of those rows.
+            count_le = ranks.astype(jnp.int32) - local + at_count
+            break
+        # Ranks ascend, so equal prefixes are adjacent: a rank's slot is its
+        # group's first rank with the same prefix.
+        first = jax.vmap(lambda p: jnp.searchsorted(p, p, side="left"))(prefix)
+        new_slot = (rank_group * r_count + first).astype(jnp.int32)
+        if i == 0:
+            parent = rank_group * size + chosen
+            table = jnp.full((g_count * size,), slots, jnp.int32)
+            row_in = group < g_count
+            row_parent = group * size + digit
+        else:
+            parent = rank_slot * size + chosen
+            table = jnp.full((slots * size,), slots, jnp.int32)
+            row_in = row_slot < slots
+            row_parent = row_slot * size + digit
+        table = table.at[parent.reshape(-1)].set(new_slot.reshape(-1))
+        # A row already out of every slot stays out: it is masked, not given
+        # an index (a negative one would wrap to the table's last entry).
+        row_slot = jnp.where(row_in, table[jnp.where(row_in, row_parent, 0)], slots)
+        rank_slot = new_slot
+    return prefix, count_le, sizes

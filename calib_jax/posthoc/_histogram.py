@@ -6,7 +6,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from calib_jax import _checks
 from calib_jax.posthoc import _base, _reduction, _validate
@@ -75,9 +74,7 @@ def check_params(params, *, values: bool = True) -> int:
     arrays = _base.param_arrays(
         params, {"fitted": 1, "thresholds": 2, "values": 2}, bools=("fitted",)
     )
-    k = _base.same_classes(
-        arrays, {"fitted": (0,), "thresholds": (0,), "values": (0,)}
-    )
+    k = _base.same_classes(arrays, {"fitted": (0,), "thresholds": (0,), "values": (0,)})
     thr, val = arrays["thresholds"], arrays["values"]
     if thr.shape[1] + 1 != val.shape[1]:
         raise ValueError(
@@ -165,8 +162,8 @@ def fit_histogram_binning(
     statistics :math:`t_{l,j} = v_{(R_j - 1)}` that cut the sorted scores into
     :math:`M` groups of :math:`\lfloor n_l / M\rfloor` or :math:`\lceil n_l /
     M\rceil` (the bins of [2]; the same groups as
-    :func:`calib_jax.metrics.adaptive_ece`), found exactly by a radix select
-    without sorting; tied scores share a bin. ``thresholds='midpoint'``
+    :func:`calib_jax.metrics.adaptive_ece`), read off the sorted scores
+    (a radix select on the CPU); tied scores share a bin. ``thresholds='midpoint'``
     moves each equal-mass threshold to the midpoint between the last score
     of its group and the first of the next, :math:`t_{l,j} = (v_{(R_j -
     1)} + v_{(R_j)})/2` (``get_equal_bins`` of uncertainty-calibration [3];
@@ -252,14 +249,6 @@ def fit_histogram_binning(
     return params
 
 
-def _with_next(ranks, sizes):
-    """Each rank followed by the next one (clipped to the group), ``[G, 2R]``:
-    the two order statistics either side of every equal-mass cut."""
-    top = jnp.maximum(sizes.astype(jnp.int32) - 1, 0)[:, None]
-    pairs = jnp.stack([ranks, jnp.minimum(ranks + 1, top)], axis=-1)
-    return pairs.reshape(ranks.shape[0], -1)
-
-
 def floor_midpoint(a, b):
     """The largest float32 not above the exact midpoint of float32 ``a <= b``.
 
@@ -299,7 +288,7 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning, midpoint=Fals
     equal_mass = num_bins > 1 and binning == "equal_mass"
     if variant == "one_vs_rest":
         sizes = jnp.full((k,), jnp.sum(keep.astype(jnp.int32)), jnp.int32)
-    elif not equal_mass:  # else the order statistics' first pass counts them
+    elif not equal_mass:  # else the order statistics count them
         sizes = jax.ops.segment_sum(jnp.ones((n,), jnp.int32), group, k + 1)[:k]
     count_le = None
     if num_bins == 1:
@@ -308,22 +297,17 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning, midpoint=Fals
         edges = jnp.arange(1, num_bins, dtype=jnp.float32) / num_bins
         thresholds = jnp.broadcast_to(edges[None, :], (k, num_bins - 1))
     else:
-        keys, offset, key_bits = _keys(v, k, top_label=variant == "top_label")
-
-        # Top-label group sizes come from the first pass over the rows;
-        # one-vs-rest ones are known (every kept row, in every column).
-        def ranks(sizes):
-            cuts = _reduction.equal_mass_ranks(sizes, num_bins)
-            return _with_next(cuts, sizes) if midpoint else cuts
-
-        bits, count_le, sizes = _reduction.grouped_order_statistics(
-            keys.reshape(-1),
+        values, count_le, sizes = _reduction.grouped_cut(
+            v.reshape(-1),
             group.reshape(-1),
-            ranks if variant == "top_label" else ranks(sizes),
             num_groups=k,
-            key_bits=key_bits,
+            ranks=functools.partial(
+                _reduction.cut_ranks, num_bins=num_bins, midpoint=midpoint
+            ),
+            top_label_of=k if variant == "top_label" else 0,
         )
-        thresholds = _reduction.bits_float(bits + offset)
+        # A class without rows gets thresholds 1 (unused: it is not fitted).
+        thresholds = jnp.where(sizes[:, None] > 0, values, 1.0)
         if midpoint:
             # The rows up to the midpoint are those up to the lower score
             # (none lies strictly between the two order statistics).
@@ -376,30 +360,6 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning, midpoint=Fals
     # Top-label hits are the correct predictions: the accuracy comes free.
     accuracy = jnp.sum(hits) / jnp.maximum(jnp.sum(count), 1) if cls_given else None
     return params, accuracy
-
-
-def _keys(v, num_classes: int, *, top_label: bool):
-    """``(keys, offset, key_bits)``: uint32 keys ordering like the scores
-    (``bits(v) - offset``), all below ``2**key_bits`` (static).
-
-    A top-label confidence :math:`1 / \\sum_k e^{z_k - \\max z}` lies in
-    :math:`[\\mathrm{fl}(1/K), 1]` (the sum of :math:`K` terms at most 1 is at
-    most :math:`K` in floating point too), so its bit patterns span about
-    :math:`2^{23} \\log_2 K` values and the order statistics take fewer radix
-    passes; a margin of 2**12 patterns below :math:`\\mathrm{fl}(1/K)` covers
-    any rounding. Probabilities use all 32 bits.
-    """
-    bits = _reduction.float_bits(v)
-    if not top_label:
-        return bits, jnp.uint32(0), 32
-    low = int((np.float32(1.0) / np.float32(num_classes)).view(np.uint32)) - 4096
-    low = max(low, 0)
-    high = int(np.float32(1.0).view(np.uint32))
-    key_bits = max(1, (high - low).bit_length())
-    # Scores outside [low, high] (only NaN rows, which the value check
-    # rejects) are clipped so the keys stay in range.
-    keys = jnp.clip(bits, np.uint32(low), np.uint32(high)) - np.uint32(low)
-    return keys, jnp.uint32(low), key_bits
 
 
 def _fill_empty(values, nonempty):

@@ -1,5 +1,5 @@
 r"""Multiclass-to-binary reductions shared by histogram binning and isotonic
-regression, and an exact grouped order-statistic select.
+regression, and exact per-group order statistics (sort and cut).
 
 A *binary* calibrator maps a score :math:`v \in [0, 1]` to a probability.
 Two reductions turn one binary map per class into a multiclass calibrator
@@ -52,7 +52,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from calib_jax.posthoc import _validate
+from calib_jax import kernels
+from calib_jax.posthoc import _cpu_kernels, _validate
 
 VARIANTS = ("top_label", "one_vs_rest")
 
@@ -128,11 +129,6 @@ def one_vs_rest_output(q: jax.Array) -> jax.Array:
     return jnp.where(ok, out, jnp.zeros_like(out))
 
 
-# ---------------------------------------------------------------------------
-# Exact order statistics per group (radix select, no sort)
-# ---------------------------------------------------------------------------
-
-
 def apply_top_label(binary_map, params, logits: jax.Array) -> jax.Array:
     """Top-label calibrated log-probabilities from a per-class ``binary_map``.
 
@@ -155,123 +151,53 @@ def apply_one_vs_rest(binary_map, params, logits: jax.Array) -> jax.Array:
     return one_vs_rest_output(binary_map(params, p, cls))
 
 
-def _widths(num_slots: int, key_bits: int = 32) -> tuple[int, ...]:
-    # Wide digits keep the passes few; with many (group, rank) slots narrow
-    # digits keep the per-slot histograms small.
-    if key_bits == 32:
-        return (11, 11, 10) if num_slots <= 1024 else (8, 8, 8, 8)
-    widest = 13 if num_slots <= 256 else 11 if num_slots <= 1024 else 8
-    passes = -(-key_bits // widest)
-    base, extra = divmod(key_bits, passes)
-    return tuple(base + (i < extra) for i in range(passes))
+@kernels.dispatch("posthoc_order_statistics", _cpu_kernels.grouped_cut)
+def grouped_cut(v, group, *, num_groups: int, ranks, top_label_of: int = 0):
+    """The ``ranks(n)[g, r]``-th smallest scores ``v`` of each group ``g``.
 
-
-def grouped_order_statistics(
-    bits: jax.Array,
-    group: jax.Array,
-    ranks,
-    *,
-    num_groups: int | None = None,
-    key_bits: int = 32,
-):
-    """The ``ranks[g, r]``-th smallest ``bits`` among the rows of group ``g``.
-
-    A most-significant-digit-first radix select, as
-    :func:`calib_jax.metrics._order_statistics.order_statistics`, for ``G`` groups at
-    once: every pass histograms one digit of each row into the slot of its
-    group and the wanted ranks whose higher digits it matches (ranks sharing
-    those digits share a slot), then picks each rank's digit from the
-    cumulative counts. Each pass is one scatter-add and one gather over the
-    rows; exact for any keys, ties included.
+    One sort of the (group, score) pairs puts each group's scores in a
+    contiguous ascending run; the order statistics are read at the run's
+    start plus the ranks, and the number of the group's rows up to each from
+    the end of its run of equal scores. Exact for any scores, ties included.
 
     Args:
-      bits: uint32 ``[M]`` keys (non-negative float32 bit patterns order like
-        the floats).
+      v: float ``[M]`` scores in ``[0, 1]``.
       group: int32 ``[M]`` group of each row in ``[0, G]``; ``G`` excludes
         the row.
-      ranks: int32 ``[G, R]``, ascending along ``R``, each in ``[0, n_g)``
-        (``n_g`` the group's size; anything for an empty group); or a
-        function of the group sizes ``n`` (int32 ``[G]``) returning them, which
-        the first pass's histogram gives without another pass over the rows.
-      num_groups: static ``G``; needed when ``ranks`` is a function.
-      key_bits: static; every key is below ``2**key_bits`` (fewer bits, fewer
-        passes).
+      num_groups: static ``G``.
+      ranks: static function of the group sizes (int32 ``[G]``) returning
+        int32 ``[G, R]`` ranks, ascending along ``R``, each in ``[0, n_g)``.
+      top_label_of: static; ``K`` when ``v`` are top-label confidences of
+        ``K`` classes (at least ``fl(1/K)``), else 0 (used by the CPU kernel).
 
     Returns:
-      ``(values, count_le, sizes)``: uint32 ``[G, R]`` order statistics, int32
-      ``[G, R]`` numbers of the group's rows ``<=`` each of them, and the
-      int32 ``[G]`` group sizes.
+      ``(values, count_le, sizes)``: float32 ``[G, R]`` order statistics
+      (unspecified for an empty group), int32 ``[G, R]`` numbers of the
+      group's rows ``<=`` each of them, and the int32 ``[G]`` group sizes.
     """
-    if callable(ranks):
-        g_count, rank_fn = num_groups, ranks
-        r_count = jax.eval_shape(
-            rank_fn, jax.ShapeDtypeStruct((g_count,), jnp.int32)
-        ).shape[1]
-    else:
-        g_count, r_count = ranks.shape
-        rank_fn = None
-    slots = g_count * r_count
-    m = bits.shape[0]
-    ones = jnp.ones((m,), jnp.int32)
-    rank_group = jnp.arange(g_count, dtype=jnp.int32)[:, None]
-    prefix = jnp.zeros((g_count, r_count), jnp.uint32)
-    sizes = None
-    widths = _widths(slots, key_bits)
-    shift = key_bits
-    row_slot = None  # slot of each row after the previous pass (slots = none)
-    rank_slot = None  # slot of each rank after the previous pass
-    for i, width in enumerate(widths):
-        shift -= width
-        size = 1 << width
-        digit = ((bits >> shift) & (size - 1)).astype(jnp.int32)
-        if i == 0:
-            seg = jnp.where(group < g_count, group * size + digit, g_count * size)
-            hist = jax.ops.segment_sum(ones, seg, g_count * size + 1)
-            hist = hist[: g_count * size].reshape(g_count, size)
-            sizes = jnp.sum(hist, axis=1)
-            if rank_fn is not None:
-                ranks = rank_fn(sizes)
-            local = ranks.astype(jnp.int32)
-            counts = jnp.broadcast_to(hist[:, None, :], (g_count, r_count, size))
-        else:
-            seg = jnp.where(row_slot < slots, row_slot * size + digit, slots * size)
-            hist = jax.ops.segment_sum(ones, seg, slots * size + 1)
-            hist = hist[: slots * size].reshape(slots, size)
-            counts = hist[rank_slot]
-        cum = jnp.cumsum(counts, axis=-1)
-        chosen = jnp.sum((cum <= local[..., None]).astype(jnp.int32), axis=-1)
-        chosen = jnp.minimum(chosen, size - 1)
-        at_cum, at_count = (
-            jnp.take_along_axis(a, chosen[..., None], axis=-1)[..., 0]
-            for a in (cum, counts)
-        )
-        local = local - (at_cum - at_count)
-        prefix = (prefix << width) | chosen.astype(jnp.uint32)
-        if i == len(widths) - 1:
-            # ``local`` is now the rank among the rows equal to the value, and
-            # the chosen digit's count is the number of those rows.
-            count_le = ranks.astype(jnp.int32) - local + at_count
-            break
-        # Ranks ascend, so equal prefixes are adjacent: a rank's slot is its
-        # group's first rank with the same prefix.
-        first = jax.vmap(lambda p: jnp.searchsorted(p, p, side="left"))(prefix)
-        new_slot = (rank_group * r_count + first).astype(jnp.int32)
-        if i == 0:
-            parent = rank_group * size + chosen
-            table = jnp.full((g_count * size,), slots, jnp.int32)
-            row_in = group < g_count
-            row_parent = group * size + digit
-        else:
-            parent = rank_slot * size + chosen
-            table = jnp.full((slots * size,), slots, jnp.int32)
-            row_in = row_slot < slots
-            row_parent = row_slot * size + digit
-        table = table.at[parent.reshape(-1)].set(new_slot.reshape(-1))
-        # A row already out of every slot stays out: it is masked, not given
-        # an index (a negative one would wrap to the table's last entry).
-        row_slot = jnp.where(row_in, table[jnp.where(row_in, row_parent, 0)], slots)
-        rank_slot = new_slot
-    return prefix, count_le, sizes
+    del top_label_of
+    m = v.shape[0]
+    g, s = lax.sort((group.astype(jnp.int32), v.astype(jnp.float32) + 0.0), num_keys=2)
+    starts = jnp.searchsorted(g, jnp.arange(num_groups + 1, dtype=jnp.int32))
+    starts = starts.astype(jnp.int32)
+    sizes = starts[1:] - starts[:-1]
+    idx = jnp.clip(starts[:-1, None] + ranks(sizes), 0, m - 1)
+    last = jnp.concatenate([(g[1:] != g[:-1]) | (s[1:] != s[:-1]), jnp.array([True])])
+    iota = jnp.arange(m, dtype=jnp.int32)
+    end = lax.cummin(jnp.where(last, iota, m), reverse=True)[idx]
+    count_le = jnp.where(sizes[:, None] > 0, end + 1 - starts[:-1, None], 0)
+    return s[idx], count_le, sizes
+
+
+def cut_ranks(sizes: jax.Array, *, num_bins: int, midpoint: bool) -> jax.Array:
+    """:func:`equal_mass_ranks`, each followed by the next rank (clipped to
+    the group) with ``midpoint``: ``[G, M-1]`` or ``[G, 2(M-1)]``."""
+    ranks = equal_mass_ranks(sizes, num_bins)
+    if not midpoint:
+        return ranks
+    top = jnp.maximum(sizes.astype(jnp.int32) - 1, 0)[:, None]
+    pairs = jnp.stack([ranks, jnp.minimum(ranks + 1, top)], axis=-1)
+    return pairs.reshape(ranks.shape[0], -1)
 
 
 def equal_mass_ranks(sizes: jax.Array, num_bins: int) -> jax.Array:

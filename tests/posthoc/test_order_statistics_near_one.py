@@ -1,4 +1,5 @@
-"""Every radix select of the library against ``np.sort`` on scores near 1.
+"""Every order-statistics kernel of the library (radix selects and their
+plain sort-and-cut forms) against ``np.sort`` on scores near 1.
 
 A confident classifier's scores crowd the float32 patterns just below 1.0,
 where a radix digit takes its largest value; there a row the select had
@@ -21,7 +22,7 @@ from metrics.test_order_statistics import _sorted_cut_bins
 
 from calib_jax import kernels, metrics, posthoc
 from calib_jax.metrics import _adaptive, _order_statistics
-from calib_jax.posthoc import _histogram, _reduction
+from calib_jax.posthoc import _cpu_kernels, _reduction
 
 ULP = 2.0**-24  # float32 spacing just below 1.0
 
@@ -48,11 +49,13 @@ def float_bits(v):
     return np.asarray(v, np.float32).view(np.uint32)
 
 
-def test_eight_rows_near_one_one_vs_rest():
+@pytest.mark.parametrize("mode", ["tuned", "plain"])
+def test_eight_rows_near_one_one_vs_rest(mode):
     p1 = np.array([0.1, 0.2, 0.3, 0.99995, 0.99996, 0.99997, 0.99998, 0.99999])
     z = np.stack([np.zeros(8), np.log(p1) - np.log1p(-p1)], 1).astype(np.float32)
     y = np.array([0, 0, 1, 1, 0, 1, 1, 1], np.int32)
-    params = posthoc.fit_histogram_binning(z, y, variant="one_vs_rest", num_bins=2)
+    with kernels.use(mode, "posthoc_order_statistics"):
+        params = posthoc.fit_histogram_binning(z, y, variant="one_vs_rest", num_bins=2)
     p = np.asarray(_reduction.probabilities(jnp.asarray(z)))[:, 1]
     # The 4th smallest ends bin 0: a data value, not a pattern between two.
     assert np.sort(p)[3] == np.float32("0.99995005")
@@ -63,33 +66,35 @@ def test_eight_rows_near_one_one_vs_rest():
 
 
 # (groups, ranks per group): slots G * R at 256 / 258 and 1024 / 1025, where
-# the digit widths change (``_reduction._widths``).
+# the radix select's digit widths change (``_cpu_kernels._widths``).
 SLOTS = [(8, 32), (3, 86), (32, 32), (5, 205)]
 
 # The last group's top value: a key whose digit is the largest one in a pass
 # that another follows, so that its slot, the last one, is the one a discarded
 # row used to reach (32-bit float keys; top-label keys for K = 4, 25 bits).
 LAST_TOP = {
-    32: np.float32(1.0 - 3 * ULP),
-    25: np.uint32(0x3E7FF000 + 0x00FFFFC0).view(np.float32),
+    0: np.float32(1.0 - 3 * ULP),
+    4: np.uint32(0x3E7FF000 + 0x00FFFFC0).view(np.float32),
 }
 
 
-@pytest.mark.parametrize("key_bits", [32, 25])
+def test_top_label_keys_of_four_classes_take_25_bits():
+    low = int((np.float32(1) / np.float32(4)).view(np.uint32)) - 4096
+    assert low == 0x3E7FF000
+    assert (int(np.float32(1).view(np.uint32)) - low).bit_length() == 25
+    assert len(_cpu_kernels._widths(1024, 25)) == 3
+
+
+@pytest.mark.parametrize("form", ["tuned", "plain"])
+@pytest.mark.parametrize("top_label_of", [0, 4])
 @pytest.mark.parametrize(("g", "r"), SLOTS)
-def test_grouped_order_statistics_are_the_sorted_values(g, r, key_bits):
-    rng = np.random.default_rng(g * r + key_bits)
+def test_grouped_cut_is_the_sorted_values(g, r, top_label_of, form):
+    rng = np.random.default_rng(g * r + top_label_of)
     m = g * (2 * r + 40)
-    v = near_one(rng, m, low=0.0 if key_bits == 32 else 0.25)
+    v = near_one(rng, m, low=0.25 if top_label_of else 0.0)
     group = rng.integers(0, g + 1, m).astype(np.int32)  # g: excluded rows
     last = group == g - 1
-    v[last] = np.minimum(v[last], LAST_TOP[key_bits])
-    if key_bits == 32:
-        keys, offset = float_bits(v), np.uint32(0)
-    else:  # top-label keys: offset patterns above fl(1/4) - 4096
-        k, offset, bits = _histogram._keys(jnp.asarray(v), 4, top_label=True)
-        keys, offset = np.asarray(k), np.uint32(offset)
-        assert bits == key_bits and offset == 0x3E7FF000
+    v[last] = np.minimum(v[last], LAST_TOP[top_label_of])
     sizes = np.bincount(group, minlength=g + 1)[:g]
     assert sizes.min() >= r
     ranks = [np.sort(np.append(rng.integers(0, n, r - 1), n - 1)) for n in sizes]
@@ -98,35 +103,38 @@ def test_grouped_order_statistics_are_the_sorted_values(g, r, key_bits):
     assert low > 0
     ranks[-1] = np.append(np.sort(rng.integers(0, low, r - 1)), sizes[-1] - 1)
     ranks = np.stack(ranks).astype(np.int32)
-    select = jax.jit(_reduction.grouped_order_statistics, static_argnames="key_bits")
-    values, count_le, got_sizes = select(keys, group, ranks, key_bits=key_bits)
+    cut = getattr(_reduction.grouped_cut, form)
+    values, count_le, got_sizes = jax.jit(
+        functools.partial(
+            cut,
+            num_groups=g,
+            ranks=lambda n: jnp.asarray(ranks),
+            top_label_of=top_label_of,
+        )
+    )(v, group)
     np.testing.assert_array_equal(np.asarray(got_sizes), sizes)
     for c in range(g):
-        s = np.sort(float_bits(v[group == c]))
+        s = np.sort(v[group == c])
         want = s[ranks[c]]
-        np.testing.assert_array_equal(np.asarray(values[c]) + offset, want)
+        np.testing.assert_array_equal(np.asarray(values[c]), want)
         np.testing.assert_array_equal(
             np.asarray(count_le[c]), np.searchsorted(s, want, side="right")
         )
-    assert s[-1] == float_bits(LAST_TOP[key_bits])
+    assert s[-1] == LAST_TOP[top_label_of]
 
 
-def test_grouped_order_statistics_with_ranks_from_the_group_sizes():
+@pytest.mark.parametrize("form", ["tuned", "plain"])
+def test_grouped_cut_with_ranks_from_the_group_sizes(form):
     rng = np.random.default_rng(11)
     g, m = 6, 900
     v = near_one(rng, m)
     group = rng.integers(0, g + 1, m).astype(np.int32)
     ranks = functools.partial(_reduction.equal_mass_ranks, num_bins=15)
-    values, _, _ = jax.jit(
-        functools.partial(
-            _reduction.grouped_order_statistics, ranks=ranks, num_groups=g
-        )
-    )(float_bits(v), group)
+    cut = getattr(_reduction.grouped_cut, form)
+    values, _, _ = jax.jit(functools.partial(cut, ranks=ranks, num_groups=g))(v, group)
     for c in range(g):
         want = ref.equal_mass_thresholds(v[group == c], 15)
-        np.testing.assert_array_equal(
-            np.asarray(_reduction.bits_float(values[c])).astype(np.float64), want
-        )
+        np.testing.assert_array_equal(np.asarray(values[c]).astype(np.float64), want)
 
 
 @pytest.mark.parametrize("r", [1, 2, 14, 63])
@@ -215,12 +223,14 @@ def _logits_near_one(rng, n):
         ("top_label", 514),
     ],
 )
-def test_histogram_binning_near_one_matches_float64(variant, num_bins):
+@pytest.mark.parametrize("mode", ["tuned", "plain"])
+def test_histogram_binning_near_one_matches_float64(variant, num_bins, mode):
     rng = np.random.default_rng(num_bins)
     n, k = 1600, 2
     z = _logits_near_one(rng, n)
     y = np.where(rng.random(n) < 0.9, z.argmax(1), 1 - z.argmax(1)).astype(np.int32)
-    params = posthoc.fit_histogram_binning(z, y, variant=variant, num_bins=num_bins)
+    with kernels.use(mode, "posthoc_order_statistics"):
+        params = posthoc.fit_histogram_binning(z, y, variant=variant, num_bins=num_bins)
     if variant == "one_vs_rest":
         p = np.asarray(_reduction.probabilities(jnp.asarray(z))).astype(np.float64)
         problems = [(p[:, c], y == c) for c in range(k)]

@@ -81,7 +81,7 @@ def test_fused_value_check_names_the_first_bad_row(name, variant):
         fit(bad, y, variant=variant)
     where = np.ones(300, bool)
     where[17] = False
-    with pytest.raises(ValueError, match=r"in 1 row\(s\) \(first at row 40\)"):
+    with pytest.raises(ValueError, match=r"in 1 row\(s\) \(first: row 40\)"):
         fit(bad, y, where=where, variant=variant)
     bad_y = y.copy()
     bad_y[5] = 4

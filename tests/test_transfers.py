@@ -88,9 +88,11 @@ def count_transfers(monkeypatch):
     monkeypatch.setattr(jax_array.ArrayImpl, "_value", property(counted_value))
     monkeypatch.setattr(np, "asarray", wrap(asarray))
     monkeypatch.setattr(np, "array", wrap(array))
-    on_cpu = jax.default_backend() == "cpu"
-    guard = contextlib.nullcontext() if on_cpu else None
-    with guard or jax.transfer_guard_device_to_host("disallow"):
+    if jax.default_backend() == "cpu":
+        guard = contextlib.nullcontext()
+    else:
+        guard = jax.transfer_guard_device_to_host("disallow")
+    with guard:
         yield counter
 
 

@@ -364,8 +364,8 @@ def fetch(result, summary):
     Returns the host ``summary``. ``result`` stays as it is, but a fetched
     ``jax.Array`` keeps its host copy, so the caller's later ``float(result)``
     or ``np.asarray(result)`` reads it without a second device-to-host
-    round trip (``tests/test_transfers.py``). Every eager entry point that
-    checks values fetches through here: one synchronising transfer per call.
+    round trip (``tests/test_transfers.py``): one synchronising transfer for
+    an eager call whose compiled call computes its own value checks.
     """
     return jax.device_get((result, summary))[1]
 

@@ -150,6 +150,12 @@ FAMILIES: dict[str, Family] = {
         tpu="plain",
         gpu="plain",
     ),
+    "conformal_row_sort": Family(
+        "conformal._cpu_kernels.sort_desc",
+        "APS/RAPS row sorts by a sorting network of K <= 32 columns",
+        tpu="plain",
+        gpu="plain",
+    ),
 }
 
 # The override in force: a sorted tuple of (family or '*', mode) pairs. It is

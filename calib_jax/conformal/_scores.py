@@ -61,7 +61,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from calib_jax import _checks
+from calib_jax import _checks, kernels
+from calib_jax.conformal import _cpu_kernels
 
 
 def _as_float(x, name: str) -> jax.Array:
@@ -174,13 +175,19 @@ def thr_sets(probs: jax.typing.ArrayLike, qhat: jax.typing.ArrayLike) -> jax.Arr
 # ---------------------------------------------------------------------------
 
 
+@kernels.dispatch("conformal_row_sort", _cpu_kernels.sort_desc)
+def sort_desc(probs):
+    """Each row of ``probs`` in decreasing order (the ranking of APS/RAPS)."""
+    return -jnp.sort(-probs, axis=-1)
+
+
 def _sorted_scores(probs, u, lam, k_reg: int):
     """Descending probabilities and the non-decreasing scores along them.
 
     Returns ``(desc [N, K], scores [N, K])``: ``scores[:, j]`` is the score
     of the class ranked ``j`` (0-based).
     """
-    desc = -jnp.sort(-probs, axis=-1)
+    desc = sort_desc(probs)
     cum = jnp.cumsum(desc, axis=-1)
     before = jnp.concatenate([jnp.zeros_like(cum[:, :1]), cum[:, :-1]], axis=-1)
     weight = desc if u is None else u[:, None] * desc

@@ -58,3 +58,13 @@ def test_conformal_quantile_near_one_is_the_inverted_cdf_quantile():
     r = conformal.quantile_rank(999, 0.1)
     got = float(conformal.conformal_quantile(scores, alpha=0.1))
     assert got == np.quantile(scores, r / 999, method="inverted_cdf")
+
+
+@pytest.mark.parametrize("k", [2, 3, 10, 16, 17, 32, 33])
+def test_row_sort_network_is_the_sorted_rows(k):
+    # Both forms of the APS/RAPS ranking; K = 33 falls back to the sort.
+    rng = np.random.default_rng(k)
+    probs = near_one(rng, 64 * k).reshape(64, k)
+    want = -np.sort(-probs, axis=1)
+    for form in (_scores.sort_desc.tuned, _scores.sort_desc.plain):
+        np.testing.assert_array_equal(np.asarray(jax.jit(form)(probs)), want)

@@ -284,19 +284,17 @@ def test_each_posthoc_method_module_imports_only_the_shared_helpers():
     assert taken == []
 
 
-# Issue 21: each loss paper module keeps its equations in its own file. The
-# private loss modules it may import besides the bases (_base,
-# _validation_base): the CPU kernels' sidecar, and the loss modules its paper
-# builds on (the confidence scores it ranks, the released code's arithmetic).
+# Issue 21: each loss paper module keeps its equations, paper and released-code
+# forms, in its own file. The private loss modules it may import besides the
+# bases (_base, _validation_base): the CPU kernels' sidecar, and the shared
+# confidence scores it ranks (AU_Pxτ's two modules are one paper).
 LOSS_MODULE_IMPORTS = {
-    "_au_pxtau": {"_au_pxtau_hist", "_confidence", "_released"},
-    "_au_pxtau_hist": {"_confidence", "_released"},
+    "_au_pxtau": {"_au_pxtau_hist", "_confidence"},
+    "_au_pxtau_hist": {"_confidence"},
     "_aurc": {"_confidence", "_cpu_kernels"},
     "_base": {"_cpu_kernels"},
-    "_focal": {"_cpu_kernels", "_released"},
-    "_margin": {"_cpu_kernels", "_released"},
-    "_mmce": {"_released"},
-    "_soft_ece": {"_released"},
+    "_focal": {"_cpu_kernels"},
+    "_margin": {"_cpu_kernels"},
 }
 
 
@@ -315,19 +313,17 @@ def test_loss_modules_import_only_the_bases_and_their_listed_modules():
     assert "_cpu_kernels" not in taken
 
 
-# Issue 21: each loss paper module keeps its equations in its own file. The
-# private loss modules it may import besides the bases (_base,
-# _validation_base): the CPU kernels' sidecar, and the loss modules its paper
-# builds on (the confidence scores it ranks, the released code's arithmetic).
+# Issue 21: each loss paper module keeps its equations, paper and released-code
+# forms, in its own file. The private loss modules it may import besides the
+# bases (_base, _validation_base): the CPU kernels' sidecar, and the shared
+# confidence scores it ranks (AU_Pxτ's two modules are one paper).
 LOSS_MODULE_IMPORTS = {
-    "_au_pxtau": {"_au_pxtau_hist", "_confidence", "_released"},
-    "_au_pxtau_hist": {"_confidence", "_released"},
+    "_au_pxtau": {"_au_pxtau_hist", "_confidence"},
+    "_au_pxtau_hist": {"_confidence"},
     "_aurc": {"_confidence", "_cpu_kernels"},
     "_base": {"_cpu_kernels"},
-    "_focal": {"_cpu_kernels", "_released"},
-    "_margin": {"_cpu_kernels", "_released"},
-    "_mmce": {"_released"},
-    "_soft_ece": {"_released"},
+    "_focal": {"_cpu_kernels"},
+    "_margin": {"_cpu_kernels"},
 }
 
 

@@ -22,9 +22,20 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from calib_jax.losses import _released
-from calib_jax.losses._au_pxtau_hist import coverage_threshold, log_survival
-from calib_jax.losses._base import masked_mean, row_stats, zero_excluded_logits
+from calib_jax.losses._au_pxtau_hist import (
+    au_cdf,
+    au_edges,
+    au_score,
+    batch_quantile,
+    coverage_threshold,
+    log_survival,
+)
+from calib_jax.losses._base import (
+    clamp,
+    masked_mean,
+    row_stats,
+    zero_excluded_logits,
+)
 from calib_jax.losses._confidence import (
     bin_edges,
     check_csf,
@@ -373,7 +384,7 @@ def _released_counts(score, mask, hist, num_bins):
     batch, as ``SelectiveAULoss.forward`` adds before it weights) or, without
     a running state, this batch's own histogram."""
     if hist is None:
-        return histogram(score, mask, _released.au_edges(num_bins, score.dtype))
+        return histogram(score, mask, au_edges(num_bins, score.dtype))
     return lax.stop_gradient(jnp.asarray(hist, score.dtype))
 
 
@@ -381,14 +392,34 @@ def _released_counts(score, mask, hist, num_bins):
 def _au_pxtau_released(logits, labels, mask, nu, coverage, hist, *, num_bins, csf):
     logits = zero_excluded_logits(logits, mask)
     ce = row_stats(logits, labels, ce=True).ce
-    score = _released.au_score(logits, csf)
+    score = au_score(logits, csf)
     counts = _released_counts(score, mask, hist, num_bins)
-    return _released.au_pxtau(ce, score, mask, counts, nu, coverage, num_bins=num_bins)
+    alpha = _released_weights(score, mask, counts, nu, coverage, num_bins=num_bins)
+    return masked_mean(alpha * ce, mask)
 
 
 @functools.partial(jax.jit, static_argnames=("num_bins", "csf"))
 def _au_pxtau_released_weights(logits, mask, nu, coverage, hist, *, num_bins, csf):
     logits = zero_excluded_logits(logits, mask)
-    score = _released.au_score(logits, csf)
+    score = au_score(logits, csf)
     counts = _released_counts(score, mask, hist, num_bins)
-    return _released.au_weights(score, mask, counts, nu, coverage, num_bins=num_bins)
+    return _released_weights(score, mask, counts, nu, coverage, num_bins=num_bins)
+
+
+def _released_weights(score, mask, counts, nu, coverage, *, num_bins):
+    """The released weights ``alpha`` ``[B]`` (0 on masked rows)."""
+    dtype = score.dtype
+    edges = au_edges(num_bins, dtype)
+    centres = 0.5 * (edges[:-1] + edges[1:])
+    nu = jnp.asarray(nu, dtype)
+    counts = lax.stop_gradient(counts)
+    # tau is the batch quantile of the scores and carries their gradient.
+    tau = batch_quantile(score, mask, coverage)
+    b = jnp.sum(mask.astype(dtype))
+    lo, hi = 1.0 / (b + 1.0), b / (b + 1.0)
+    g_x = clamp(au_cdf(score, counts, centres, nu), lo, hi)
+    g_tau = clamp(au_cdf(tau[None], counts, centres, nu)[0], lo, hi)
+    alpha = jnp.where(
+        lax.stop_gradient(score >= tau), -jnp.log(1.0 - g_tau), -jnp.log(1.0 - g_x)
+    )
+    return jnp.where(mask, alpha, 0.0)

@@ -14,9 +14,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
-from calib_jax.losses import _released
-from calib_jax.losses._base import row_stats, zero_excluded_logits
+from calib_jax.losses._base import clamp, first_max, row_stats, zero_excluded_logits
 from calib_jax.losses._confidence import (
     bin_edges,
     check_csf,
@@ -31,6 +31,9 @@ from calib_jax.losses._validation_base import (
     reject,
     valid_mask,
 )
+
+_AU_EPS = 1e-9  # selectAU.py / aurc.py: clamp of the softmax probabilities
+_AU_TINY = 1e-12  # hist_rank.py: floor of the bin counts and of the total
 
 
 def coverage_threshold(hist, edges, coverage) -> jax.Array:
@@ -129,10 +132,74 @@ def au_pxtau_update_hist(
 def _update_hist(hist, logits, mask, decay, *, csf, variant):
     logits = zero_excluded_logits(logits, mask)
     if variant == "released_code":
-        score = _released.au_score(logits, csf)
-        edges = _released.au_edges(hist.shape[0], logits.dtype)
+        score = au_score(logits, csf)
+        edges = au_edges(hist.shape[0], logits.dtype)
     else:
         score = csf_score(csf, row_stats(logits, **csf_flags(csf)))
         edges = bin_edges(csf, logits.shape[-1], hist.shape[0], logits.dtype)
     counts = histogram(score, mask, edges)
     return jnp.asarray(decay, counts.dtype) * hist.astype(counts.dtype) + counts
+
+
+# ---------------------------------------------------------------------------
+# The released code (han678/CalibWeightedRisk, loss/selectAU.py, loss/aurc.py,
+# loss/hist_rank.py): the score, the bins and the CDF that ``au_pxtau``'s
+# docstring lists as its differences from the paper.
+# ---------------------------------------------------------------------------
+
+
+def au_score(logits: jax.Array, csf: str) -> jax.Array:
+    """The released confidence score of ``SelectiveAULoss``, ``[B]``.
+
+    ``s = clamp(softmax(z), 1e-9, 1 - 1e-9)``; 'msp' and 'softmax_margin' are
+    taken on ``clamp(softmax(s), 1e-9, 1 - 1e-9)`` (the score function applies
+    its own softmax to the already-normalised ``s``); 'neg_entropy' is
+    ``sum s log s`` normalised as ``clamp((g - log K) / (0 - log K), 0, 1)``,
+    which is 1 for every ``g <= 0``.
+    """
+    k = logits.shape[1]
+    s = clamp(jax.nn.softmax(logits, axis=1), _AU_EPS, 1.0 - _AU_EPS)
+    if csf == "neg_entropy":
+        g = jnp.sum(s * jnp.log(s), axis=1)
+        log_k = jnp.log(jnp.asarray(k, logits.dtype))
+        return clamp((g - log_k) / (0.0 - log_k), 0.0, 1.0)
+    q = clamp(jax.nn.softmax(s, axis=1), _AU_EPS, 1.0 - _AU_EPS)
+    top = first_max(q)
+    if csf == "msp":
+        return top
+    # torch.topk(q, 2): the runner-up is the first maximum once the top index
+    # is taken out.
+    idx = jnp.argmax(lax.stop_gradient(q), axis=1).astype(jnp.int32)
+    cols = lax.broadcasted_iota(jnp.int32, q.shape, 1)
+    second = first_max(jnp.where(cols == idx[:, None], -jnp.inf, q))
+    return top - second
+
+
+def au_edges(num_bins: int, dtype) -> jax.Array:
+    """``torch.linspace(0, 1, M + 1)``, the released bin edges for every CSF."""
+    return jnp.arange(num_bins + 1, dtype=dtype) / num_bins
+
+
+def au_cdf(x: jax.Array, counts: jax.Array, centres: jax.Array, nu) -> jax.Array:
+    """``DifferentiableHistogramCDF.cdf``: sigmoids weighted by the counts
+    (floored at 1e-12), over the total (floored at 1e-12)."""
+    w = jnp.maximum(counts, _AU_TINY)
+    total = jnp.maximum(jnp.sum(counts), _AU_TINY)
+    sig = jax.nn.sigmoid((x[:, None] - centres[None, :]) / nu)
+    return jnp.sum(sig * w[None, :], axis=1) / total
+
+
+def batch_quantile(x: jax.Array, mask: jax.Array, q) -> jax.Array:
+    """``torch.quantile(x, q)`` (linear interpolation) over the unmasked rows,
+    differentiable in ``x``; ties keep their batch order (stable sort)."""
+    dtype = x.dtype
+    n = jnp.sum(mask.astype(jnp.int32))
+    xs = jnp.sort(jnp.where(mask, x, jnp.inf))
+    pos = jnp.asarray(q, dtype) * (n - 1).astype(dtype)
+    lo = jnp.floor(pos)
+    frac = pos - lo
+    lo_i = lo.astype(jnp.int32)
+    hi_i = jnp.minimum(lo_i + 1, jnp.maximum(n - 1, 0))
+    x_lo = xs[lo_i]
+    x_hi = jnp.where(hi_i > lo_i, xs[hi_i], x_lo)
+    return x_lo + frac * (x_hi - x_lo)

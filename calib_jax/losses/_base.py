@@ -76,6 +76,21 @@ def first_index(x: jax.Array, value: jax.Array) -> jax.Array:
     return lax.stop_gradient(first)
 
 
+def first_max(x: jax.Array) -> jax.Array:
+    """The row maximum; its derivative goes to the first maximal entry (the
+    released codes' ``torch.max``)."""
+    return take_col(x, jnp.argmax(x, axis=1).astype(jnp.int32))
+
+
+def clamp(x: jax.Array, lo, hi) -> jax.Array:
+    """``torch.clamp``: the value clipped to ``[lo, hi]``; the derivative is 1
+    inside the closed interval and 0 outside (``jnp.clip`` would halve it at
+    the bounds)."""
+    lo = jnp.asarray(lo, x.dtype)
+    hi = jnp.asarray(hi, x.dtype)
+    return jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
+
+
 def safe_pow(x: jax.Array, exponent) -> jax.Array:
     """``x ** exponent`` for ``x >= 0`` with value 0 and gradient 0 at ``x == 0``
     (the p-th powers and roots of the ECE family, MMCE's square root)."""

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import kernels
-from calib_jax.losses import _cpu_kernels, _released
+from calib_jax.losses import _cpu_kernels
 from calib_jax.losses._base import (
     first_index,
     take_col,
@@ -63,10 +63,6 @@ def focal(
     focal baseline, and the ACLS supplement [5] (Sec. S1.1) finds that the
     sample-dependent rule of [3] picks :math:`\gamma = 3` for 95% of the
     samples. The sample-dependent rule itself is :func:`focal_adaptive`.
-
-    Both factors come from :math:`d = z_y - \log\sum_{k \ne y} e^{z_k}`:
-    :math:`\log p_y = \log\sigma(d)`, :math:`(1 - p_y)^\gamma =
-    \exp(\gamma\log\sigma(-d))`; no departure from the definition.
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
@@ -385,7 +381,7 @@ def dual_focal(
     logits, labels, mask = prepare(logits, labels, where)
     if variant == "released_code":
         logits, labels = zero_excluded_rows(logits, labels, mask)
-        return _released.dual_focal(logits, labels, mask, gamma)
+        return _dual_focal_released(logits, labels, mask, gamma)
     return _dual_focal(logits, labels, mask, gamma, variant=variant)
 
 
@@ -393,8 +389,7 @@ def dual_focal(
 def _dual_focal(logits, labels, mask, gamma, *, variant):
     logits, labels = zero_excluded_rows(logits, labels, mask)
     z_true, z_rest_max, rest_sum, first = dual_parts(logits, labels)
-    # log sum_{k != y} e^{z_k}; the shift is a constant (the sum is shift
-    # invariant), as in true_vs_rest.
+    # log sum_{k != y} e^{z_k}; a constant shift, as in true_vs_rest.
     lse_rest = lax.stop_gradient(z_rest_max) + jnp.log(rest_sum)
     d = z_true - lse_rest  # log-odds of the true class against the rest
     log_p_true = jax.nn.log_sigmoid(d)
@@ -413,6 +408,29 @@ def _dual_focal(logits, labels, mask, gamma, *, variant):
         )
         log_base = jnp.where(correct, log_base, log_1m_p_true)
     loss = -jnp.exp(gamma * log_base) * log_p_true
+    return zero_masked(loss, mask)
+
+
+@jax.jit
+def _dual_focal_released(logits, labels, mask, gamma):
+    # Shifted by the constant row max (1e4 logits lose 3 digits in float32).
+    z = logits - lax.stop_gradient(jnp.max(logits, axis=1, keepdims=True))
+    cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    p = jax.nn.softmax(z, axis=1)
+    p_y = take_col(p, labels)
+    # The released mask compares probabilities (torch.lt(p, p_y)); entries at
+    # or above p_y, the label's own included, count as 0 in the top-1.
+    below = lax.stop_gradient(p < p_y[:, None])
+    cand = jnp.where(below, p, 0.0)
+    idx = jnp.argmax(lax.stop_gradient(cand), axis=1).astype(jnp.int32)
+    p_j = take_col(cand, idx)
+    # log p_y, 1 - p_y from the log-odds of the label (see the docstring).
+    rest = jnp.where(cols == labels[:, None], -jnp.inf, z)
+    d = take_col(z, labels) - jax.nn.logsumexp(rest, axis=1)
+    log_py = jax.nn.log_sigmoid(d)
+    one_minus_py = jnp.exp(jax.nn.log_sigmoid(-d))
+    base = one_minus_py + p_j
+    loss = -(base ** jnp.asarray(gamma, z.dtype)) * log_py
     return zero_masked(loss, mask)
 
 

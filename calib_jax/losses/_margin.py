@@ -14,9 +14,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import kernels
-from calib_jax.losses import _cpu_kernels, _released
+from calib_jax.losses import _cpu_kernels
 from calib_jax.losses._base import (
     first_index,
+    first_max,
     take_col,
     zero_excluded_rows,
     zero_masked,
@@ -228,7 +229,7 @@ def acls(
     logits, labels, mask = prepare(logits, labels, where)
     if variant == "released_code":
         logits, _ = zero_excluded_rows(logits, labels, mask)
-        return _released.acls(logits, mask, margin, lambda_1, lambda_2)
+        return _acls_released(logits, mask, margin, lambda_1, lambda_2)
     return _acls(logits, labels, mask, margin, lambda_1, lambda_2)
 
 
@@ -239,6 +240,26 @@ def _acls(logits, labels, mask, margin, lambda_1, lambda_2):
     margin = jnp.asarray(margin, dtype)
     top, low, neg = acls_parts(logits, margin)
     pos = jax.nn.relu(top - low - margin) ** 2
+    penalty = jnp.asarray(lambda_1, dtype) * pos + jnp.asarray(lambda_2, dtype) * neg
+    return zero_masked(penalty, mask)
+
+
+@jax.jit
+def _acls_released(logits, mask, margin, lambda_1, lambda_2):
+    """The released ``get_reg`` per row: ``lambda_1 * n_top * ReLU(z_max - M)^2
+    + lambda_2 / (K - 1) * sum_{j: z_j != z_max} ReLU(sg(z_max) - z_j - M)^2``;
+    its batch mean is the released ``pos.sum() / B + neg.sum() / (B (K-1))``."""
+    z = logits
+    dtype = z.dtype
+    k = z.shape[1]
+    margin = jnp.asarray(margin, dtype)
+    top = first_max(z)  # torch max(dim=1): the derivative goes to one index
+    top_c = lax.stop_gradient(top)
+    is_top = lax.stop_gradient(z == top_c[:, None])
+    n_top = jnp.sum(is_top.astype(dtype), axis=1)
+    pos = n_top * jax.nn.relu(top - margin) ** 2
+    gap = jax.nn.relu(top_c[:, None] - z - margin)
+    neg = jnp.sum(jnp.where(is_top, 0.0, gap * gap), axis=1) / (k - 1.0)
     penalty = jnp.asarray(lambda_1, dtype) * pos + jnp.asarray(lambda_2, dtype) * neg
     return zero_masked(penalty, mask)
 

@@ -7,7 +7,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from calib_jax.losses import _released
 from calib_jax.losses._base import (
     row_stats,
     safe_pow,
@@ -19,6 +18,9 @@ from calib_jax.losses._validation_base import (
     prepare,
     reject,
 )
+
+_MMCE_EPS = 1e-5  # 20ng_mmce.py: added to m^2, n^2, m n
+_MMCE_SQRT_EPS = 1e-10  # 20ng_mmce.py: added under the square root
 
 
 def mmce(
@@ -158,4 +160,32 @@ def _mmce(logits, labels, mask, bandwidth, *, weighted, squared):
 def _mmce_released(logits, labels, mask, bandwidth):
     logits = zero_excluded_logits(logits, mask)
     rows = row_stats(logits, labels, conf=True)
-    return _released.mmce_weighted(rows.conf, rows.correct, mask, bandwidth)
+    r, c = rows.conf, rows.correct
+    dtype = r.dtype
+    mf = mask.astype(dtype)
+    cm = c * mf
+    im = (1.0 - c) * mf
+    m = jnp.sum(cm)
+    n = jnp.sum(im)
+    kernel = jnp.exp(-jnp.abs(r[:, None] - r[None, :]) / jnp.asarray(bandwidth, dtype))
+    u = cm * (1.0 - r)  # correct rows: 1 - r
+    v = im * r  # incorrect rows: r
+    s_cc = jnp.sum(u * (kernel @ u))
+    s_ii = jnp.sum(v * (kernel @ v))
+    s_ci = jnp.sum(u * (kernel @ v))
+    # The first normalisation: the mean of each weighted kernel block
+    # (tf.reduce_mean over m x m, n x n, m x n entries) ...
+    m1 = jnp.maximum(m, 1.0)
+    n1 = jnp.maximum(n, 1.0)
+    cc = s_cc / (m1 * m1)
+    ii = s_ii / (n1 * n1)
+    ci = s_ci / (m1 * n1)
+    # ... then the second: division by m^2, n^2, m n (plus 1e-5).
+    mmd = (
+        cc / (m * m + _MMCE_EPS)
+        + ii / (n * n + _MMCE_EPS)
+        - 2.0 * ci / (m * n + _MMCE_EPS)
+    )
+    both = (m > 0) & (n > 0)
+    root = jnp.sqrt(jnp.where(both, mmd, 0.0) + _MMCE_SQRT_EPS)
+    return jnp.where(both, root, jnp.zeros_like(root))

@@ -7,7 +7,6 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from calib_jax.losses import _released
 from calib_jax.losses._base import (
     row_stats,
     safe_pow,
@@ -23,6 +22,7 @@ from calib_jax.losses._validation_base import (
 )
 
 KINDS = ("lb", "bin")
+_SB_EPS = 1e-5  # secondary_losses.py: EPS mixed into the soft assignment
 
 
 def soft_bin_membership(
@@ -189,14 +189,22 @@ def sb_ece(
 def _sb_ece_released(logits, labels, mask, temperature, *, num_bins):
     logits = zero_excluded_logits(logits, mask)
     rows = row_stats(logits, labels, conf=True)
-    return _released.sb_ece_lb(
-        rows.conf,
-        rows.correct,
-        mask,
-        temperature,
-        num_bins=num_bins,
-        num_classes=logits.shape[1],
+    conf, acc = rows.conf, rows.correct  # acc: hard correctness, no gradient
+    dtype = conf.dtype
+    edges = jnp.linspace(1.0 / logits.shape[1], 1.0, num_bins + 1, dtype=dtype)
+    centres = 0.5 * edges[1:] + 0.5 * edges[:-1]
+    # exp(-(b - p)^2 / T) normalised over the bins: a softmax (same value, no
+    # underflow of the denominator at small T).
+    c_pre = jax.nn.softmax(
+        -((centres[None, :] - conf[:, None]) ** 2) / jnp.asarray(temperature, dtype),
+        axis=1,
     )
+    c = (1.0 - _SB_EPS) * c_pre + _SB_EPS / num_bins
+    c = jnp.where(mask[:, None], c, 0.0)
+    a_bar = jnp.sum(c * acc[:, None], axis=0) / jnp.sum(c, axis=0)
+    sq = jnp.sum(c * (a_bar[None, :] - conf[:, None]) ** 2)
+    n = jnp.maximum(jnp.sum(mask.astype(dtype)), 1.0)
+    return sq / n
 
 
 @functools.partial(jax.jit, static_argnames=("num_bins", "kind"))

@@ -25,7 +25,7 @@ from _reference_released import (
 )
 
 from calib_jax import losses, metrics
-from calib_jax.losses import _released
+from calib_jax.losses import _au_pxtau_hist
 
 
 def _random(b=12, k=6, scale=2.0, seed=0):
@@ -124,12 +124,12 @@ def test_released_gradients_are_not_zero_on_random_batches():
 
 def test_au_pxtau_released_score_is_double_softmax():
     x, _ = _random(k=10)
-    got = _released.au_score(jnp.asarray(x), "msp")
+    got = _au_pxtau_hist.au_score(jnp.asarray(x), "msp")
     np.testing.assert_allclose(got, ref_au_score_released(x), rtol=1e-6)
     k = 10
     assert float(got.min()) >= 1.0 / k - 1e-7
     assert float(got.max()) <= np.e / (np.e + k - 1) + 1e-7
-    ent = _released.au_score(jnp.asarray(x), "neg_entropy")
+    ent = _au_pxtau_hist.au_score(jnp.asarray(x), "neg_entropy")
     np.testing.assert_array_equal(np.asarray(ent), np.ones(len(x), np.float32))
 
 

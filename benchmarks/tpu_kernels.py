@@ -48,7 +48,14 @@ from _timing import machine_line, write_section
 
 from calib_jax import kernels, losses
 from calib_jax.losses import _aurc, _base
-from calib_jax.metrics import _adaptive, _common, _conventions, _kernels, _ood
+from calib_jax.metrics import (
+    _adaptive,
+    _binned_stats,
+    _common,
+    _conventions,
+    _cpu_kernels,
+    _ood,
+)
 from calib_jax.posthoc import _cpu_kernels as _posthoc_cpu_kernels
 from calib_jax.posthoc import _temperature
 
@@ -161,10 +168,13 @@ def cases() -> list[Case]:
     """Every kernel family at realistic sizes."""
     out = []
     for n, k in ((1_000_000, 10), (100_000, 1000)):
-        fam = "metric_top_label" if k <= 32 else "metric_top_label_blocks"
         out.append(
             Case(
-                fam, f"top_label, N x K = {n:,} x {k}", _common.top_label, _logits(k), n
+                "metric_top_label",
+                f"top_label, N x K = {n:,} x {k}",
+                _common.top_label,
+                _logits(k),
+                n,
             )
         )
     for n in (1_000_000,):
@@ -181,9 +191,7 @@ def cases() -> list[Case]:
         Case(
             "sort_keys",
             "ood_auroc ranks, N_in = N_out = 100,000",
-            lambda a, b, v: kernels.select(
-                "sort_keys", _ood._ranks_packed, _ood._ranks_plain, a, b, v
-            ),
+            _ood.ranks,
             lambda n: [((n,), f32), ((n,), f32), ((n,), b1)],
             100_000,
         )
@@ -197,37 +205,17 @@ def cases() -> list[Case]:
             4096,
         )
     )
-    scatter_specs = lambda n: [((n,), f32), ((n,), b1), ((n,), i32), ((n,), b1)]
-    for n in (1_000_000, 100_000):
-        out.append(
-            Case(
-                "metric_scatter",
-                f"accumulate_top_label, N = {n:,}, 15 bins",
-                lambda c, a, b, v: _kernels.accumulate_top_label(c, a, b, v, NUM_BINS),
-                scatter_specs,
-                n,
-            )
-        )
-    out.append(
-        Case(
-            "metric_scatter",
-            "gap_sums_top_label, N = 1,000,000, 15 bins",
-            lambda c, a, b, v: _kernels.gap_sums_top_label(c, a, b, v, NUM_BINS),
-            scatter_specs,
-            1_000_000,
-        )
-    )
     for n, k in ((1_000_000, 10), (100_000, 1000)):
         out.append(
             Case(
                 "metric_classwise",
                 f"accumulate_classwise, N x K = {n:,} x {k}, 15 bins",
-                lambda p, y, v: _kernels.accumulate_classwise(
-                    p, y, v, NUM_BINS, CONVENTION
+                lambda p, y, v: _binned_stats.accumulate_classwise(
+                    p, y, v, num_bins=NUM_BINS, convention=CONVENTION
                 ),
                 lambda n, k=k: [((n, k), f32), ((n,), i32), ((n,), b1)],
                 n,
-                tuned_block=_kernels._CLASSWISE_BLOCK // k,
+                tuned_block=_cpu_kernels.CLASSWISE_BLOCK // k,
             )
         )
     for n in (1_000_000,):
@@ -235,14 +223,7 @@ def cases() -> list[Case]:
             Case(
                 "metric_radix_select",
                 f"'rank' equal-mass stats, N = {n:,}, 15 bins",
-                lambda c, a, v: kernels.select(
-                    "metric_radix_select",
-                    lambda *x: _adaptive._rank_stats_select(*x, num_bins=NUM_BINS),
-                    lambda *x: _adaptive._rank_stats_sort(*x, num_bins=NUM_BINS),
-                    c,
-                    a,
-                    v,
-                ),
+                lambda c, a, v: _adaptive.rank_stats(c, a, v, num_bins=NUM_BINS),
                 lambda n: [((n,), f32), ((n,), b1), ((n,), b1)],
                 n,
             )
@@ -375,8 +356,7 @@ def report(measured: list[dict], device) -> str:
         "of rows over the block's. `loops` = while loops left in the compiled "
         "tuned / plain program (binary searches; their bodies are counted once "
         "in both). Losses and post-hoc objectives are value and gradient. "
-        "Other families inside a measured kernel (the radix select's per-bin "
-        "sums use the metric_scatter kernel) take their `kernels.OFF_CPU` "
+        "Other families inside a measured kernel take their `kernels.FAMILIES` "
         "entry, as on a TPU."
     )
     header = (

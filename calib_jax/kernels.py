@@ -74,26 +74,15 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "metric_top_label": Family(
         "metrics._cpu_kernels.top_label",
-        "one max-reduction over packed uint32 keys, rows of K <= 32 classes",
-        tpu="tuned",
-        gpu="plain",
-    ),
-    "metric_top_label_blocks": Family(
-        "metrics._cpu_kernels.top_label",
-        "the same for K > 32, rows viewed as [N * K / g, g] blocks",
+        "top label from one max-reduction over packed uint32 keys (K > 32 as"
+        " [N * K / g, g] blocks)",
         tpu="plain",
         gpu="plain",
     ),
     "sort_keys": Family(
-        "metrics._cpu_kernels (sorts)",
+        "metrics._cpu_kernels (sorted_by_confidence, ood_ranks, ood_accepted)",
         "sorts of (value, flag) pairs as packed int32 keys",
         tpu="tuned",
-        gpu="tuned",
-    ),
-    "metric_scatter": Family(
-        "metrics._cpu_kernels.accumulate_top_label",
-        "top-label per-bin sums by one complex-packed scatter-add",
-        tpu="plain",
         gpu="tuned",
     ),
     "metric_classwise": Family(
@@ -103,7 +92,7 @@ FAMILIES: dict[str, Family] = {
         gpu="plain",
     ),
     "metric_radix_select": Family(
-        "metrics._cpu_kernels.rank_bins",
+        "metrics._cpu_kernels.rank_stats",
         "equal-mass 'rank' bins from a radix select of the M - 1 order statistics",
         tpu="tuned",
         gpu="tuned",
@@ -191,8 +180,8 @@ class use:
 
     Examples:
       >>> from calib_jax import kernels
-      >>> with kernels.use("plain", "metric_top_label"):
-      ...     print(kernels.mode("metric_top_label"), kernels.mode("loss_rows"))
+      >>> with kernels.use("plain", "metric_classwise"):
+      ...     print(kernels.mode("metric_classwise"), kernels.mode("loss_rows"))
       plain auto
     """
 

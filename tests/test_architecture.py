@@ -313,30 +313,34 @@ def test_loss_modules_import_only_the_bases_and_their_listed_modules():
     assert "_cpu_kernels" not in taken
 
 
-# Issue 21: each loss paper module keeps its equations, paper and released-code
-# forms, in its own file. The private loss modules it may import besides the
-# bases (_base, _validation_base): the CPU kernels' sidecar, and the shared
-# confidence scores it ranks (AU_Pxτ's two modules are one paper).
-LOSS_MODULE_IMPORTS = {
-    "_au_pxtau": {"_au_pxtau_hist", "_confidence"},
-    "_au_pxtau_hist": {"_confidence"},
-    "_aurc": {"_confidence", "_cpu_kernels"},
-    "_base": {"_cpu_kernels"},
-    "_focal": {"_cpu_kernels"},
-    "_margin": {"_cpu_kernels"},
+# Issue 21: each metrics paper module keeps its equations in its own file.
+# The private metrics modules it may import: the shared pieces (_common,
+# _conventions, _validate, the per-bin sums of _kernels), the CPU kernels'
+# sidecar, and the modules its metric builds on.
+METRIC_SHARED = {"_common", "_conventions", "_validate"}
+METRIC_MODULE_IMPORTS = {
+    "_adaptive": METRIC_SHARED | {"_cpu_kernels"},
+    "_aurc": {"_common", "_validate"},
+    "_binned_stats": METRIC_SHARED | {"_cpu_kernels", "_kernels"},
+    "_classwise": METRIC_SHARED | {"_adaptive", "_binned_stats", "_ece", "_kernels"},
+    "_common": {"_cpu_kernels"},
+    "_ece": METRIC_SHARED | {"_adaptive", "_binned_stats", "_kernels"},
+    "_ood": {"_common", "_cpu_kernels", "_validate"},
+    "_order_statistics": {"_conventions"},
+    "_risk_coverage": {"_common", "_validate"},
+    "_smooth": {"_common", "_smooth_relplot", "_validate"},
+    "_smooth_relplot": {"_common"},
+    # The sidecar imports no metric paper module.
+    "_cpu_kernels": {"_conventions", "_kernels", "_order_statistics"},
 }
 
 
-def test_loss_modules_import_only_the_bases_and_their_listed_modules():
-    bases = {"_base", "_validation_base"}
+def test_metric_modules_import_only_their_listed_modules():
     taken = {}
     for module, imported, _, _ in _imports():
         package, _, mine = module.rpartition(".")
-        if package != "calib_jax.losses" or not _private(mine):
+        if package != "calib_jax.metrics" or mine not in METRIC_MODULE_IMPORTS:
             continue
-        theirs = imported.rpartition(".")[2]
-        if imported.startswith("calib_jax.losses.") and theirs not in bases:
-            taken.setdefault(mine, set()).add(theirs)
-    assert taken == LOSS_MODULE_IMPORTS
-    # The sidecar of CPU kernels imports no loss module at all.
-    assert "_cpu_kernels" not in taken
+        if imported.startswith("calib_jax.metrics."):
+            taken.setdefault(mine, set()).add(imported.rpartition(".")[2])
+    assert taken == METRIC_MODULE_IMPORTS

@@ -136,7 +136,7 @@ def test_gpu_column_is_separate_from_the_tpu_column(monkeypatch):
 def test_a_real_family_lowers_to_its_plain_formulation_off_the_cpu(monkeypatch):
     # Rows of 64 classes take the blocked packed-key reduction on the CPU
     # (bitcasts to uint32) and jnp.argmax elsewhere when the table says plain.
-    _set_entry(monkeypatch, "metric_top_label_blocks", tpu="plain")
+    _set_entry(monkeypatch, "metric_top_label", tpu="plain")
     specs = (
         jax.ShapeDtypeStruct((16, 64), jnp.float32),
         jax.ShapeDtypeStruct((16,), jnp.int32),

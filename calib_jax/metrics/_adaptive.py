@@ -37,20 +37,12 @@ within one ulp of an interpolated edge that is not itself a data value.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import _checks, kernels
-from calib_jax.metrics import (
-    _common,
-    _conventions,
-    _kernels,
-    _order_statistics,
-    _validate,
-)
+from calib_jax.metrics import _common, _conventions, _cpu_kernels, _validate
 
 
 def _first_of_tie(s: jax.Array) -> jax.Array:
@@ -158,20 +150,11 @@ def check_equal_mass(convention: _conventions.Convention) -> str:
 SELECT_MIN_ROWS = 1 << 15
 
 
-def _rank_stats_select(conf, correct, valid, *, num_bins):
-    """``(count, sum_conf, sum_correct, n)`` of the ``'rank'`` bins by radix
-    select (kernel family ``'metric_radix_select'``; plain:
-    :func:`_rank_stats_sort`)."""
-    conf = conf.astype(jnp.float32) + 0.0  # the values the sort path bins
-    bins = _order_statistics.rank_bins(conf, valid, num_bins)
-    count, sum_conf, sum_correct = _kernels.accumulate_top_label(
-        conf, correct, bins, valid, num_bins
-    )
-    return count, sum_conf, sum_correct, jnp.sum(valid.astype(jnp.int32))
-
-
-def _rank_stats_sort(conf, correct, valid, *, num_bins):
-    """Plain :func:`_rank_stats_select`: sort, then cut (:func:`assign_sorted`)."""
+@kernels.dispatch("metric_radix_select", _cpu_kernels.rank_stats)
+def rank_stats(conf, correct, valid, *, num_bins):
+    """``(count, sum_conf, sum_correct, n)`` of the ``'rank'`` bins: sort,
+    then cut (:func:`assign_sorted`). Kernel family ``'metric_radix_select'``
+    (``_cpu_kernels.rank_stats``: the bins from a radix select, no sort)."""
     count, sum_conf, sum_correct, n, _, _ = equal_mass_stats(
         conf, correct, valid, num_bins, "rank"
     )
@@ -181,10 +164,8 @@ def _rank_stats_sort(conf, correct, valid, *, num_bins):
 def equal_mass_error(probs, labels, where, num_bins, convention, p, screen=False):
     """Top-label binned error with the convention's equal-mass bins (traceable).
 
-    From ``2**15`` rows on, the ``'rank'`` rule needs no sort: its bins come
-    from ``M - 1`` order statistics found by radix select
-    (``_order_statistics.py``), then one scatter-add (timings against the sort
-    in ``benchmarks/RESULTS.md``). The interpolating rules sort. Float64
+    From ``2**15`` rows on, the ``'rank'`` rule goes through
+    :func:`rank_stats` (on the CPU a radix select instead of the sort). Float64
     reference: ``ece(..., binning='mass')`` in ``tests/_reference_metrics.py``.
 
     With ``screen``, returns ``(error, sums)``: also the row sums of the input
@@ -197,13 +178,8 @@ def equal_mass_error(probs, labels, where, num_bins, convention, p, screen=False
         conf, correct = _common.top_label(probs, labels)
     valid = _common.mask_or_ones(where, conf.shape[0])
     if convention.equal_mass == "rank" and conf.shape[0] >= SELECT_MIN_ROWS:
-        count, sum_conf, sum_correct, n = kernels.select(
-            "metric_radix_select",
-            functools.partial(_rank_stats_select, num_bins=num_bins),
-            functools.partial(_rank_stats_sort, num_bins=num_bins),
-            conf,
-            correct,
-            valid,
+        count, sum_conf, sum_correct, n = rank_stats(
+            conf, correct, valid, num_bins=num_bins
         )
     else:
         count, sum_conf, sum_correct, n, _, _ = equal_mass_stats(

@@ -6,9 +6,8 @@ predictions, plus the number of samples ``N``. They add across batches and
 devices, and the calibration error is computed once from the sums, so a
 split evaluated in batches gives the value of the whole split with
 ``O(bins * K)`` state. Counts are int32 and exact; the confidence sums are
-float32 (summed per block of 2048 rows, then across blocks), so a merged
-value equals the one-shot value up to float32 summation order (~1e-7
-relative).
+float32, so a merged value equals the one-shot value up to float32
+summation order (~1e-7 relative).
 """
 
 from __future__ import annotations
@@ -16,9 +15,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax import lax
 
-from calib_jax import _checks
-from calib_jax.metrics import _common, _conventions, _kernels, _validate
+from calib_jax import _checks, kernels
+from calib_jax.metrics import (
+    _common,
+    _conventions,
+    _cpu_kernels,
+    _kernels,
+    _validate,
+)
 from calib_jax.metrics._conventions import Convention
 
 
@@ -247,6 +253,42 @@ def classwise_error(count, sum_conf, sum_correct, total, p, convention):
     return jnp.sqrt(jnp.mean(_common.squared_error(count, gap, keep, denom)))
 
 
+@kernels.dispatch("metric_classwise", _cpu_kernels.accumulate_classwise)
+def accumulate_classwise(probs, labels, valid, *, num_bins, convention):
+    r"""Per-class per-bin ``(count, sum conf, sum correct)``, each ``[K, S]``.
+
+    Every entry :math:`p_{ik}` lands in bin :math:`b_{ik}` of class
+    :math:`k`: :math:`n_{k,s} = \sum_i [b_{ik} = s]`, :math:`S^c_{k,s} =
+    \sum_i [b_{ik} = s] p_{ik}`, :math:`S^a_{k,s} = \sum_i [b_{ik} = s]
+    [y_i = k]`. Computed as the sums over ``bin >= s`` (one float comparison
+    per slot, :func:`_conventions.at_least`) in one variadic reduction over
+    the rows, which XLA fuses into one read of ``probs``, then differenced. Kernel family ``'metric_classwise'``
+    (``_cpu_kernels.accumulate_classwise``); float64 reference
+    ``tests/_reference_metrics.py``.
+    """
+    above = _conventions.at_least(probs, num_bins, convention)
+    above = above & valid[:, None, None]
+    is_label = labels[:, None] == jnp.arange(probs.shape[1], dtype=labels.dtype)[None]
+    # Excluded rows may hold NaN: select (not multiply) them away.
+    terms = (
+        above,
+        jnp.where(above, probs[..., None], 0.0),
+        above & is_label[..., None],
+    )
+    cum = _sum_rows(terms, (jnp.int32, probs.dtype, jnp.int32))
+    # Sums over bin >= s, differenced into bins.
+    return tuple(c - jnp.pad(c[:, 1:], ((0, 0), (0, 1))) for c in cum)
+
+
+def _sum_rows(terms, dtypes):
+    """Column sums of several ``[N, ...]`` arrays in one variadic reduction
+    (one pass over the rows where separate sums would each read them)."""
+    terms = tuple(t.astype(d) for t, d in zip(terms, dtypes))
+    zeros = tuple(jnp.zeros((), d) for d in dtypes)
+    add = lambda a, b: tuple(x + y for x, y in zip(a, b))  # noqa: E731
+    return lax.reduce(terms, zeros, add, (0,))
+
+
 def stats_from_batch(probs, labels, where, num_bins, convention, classwise):
     """:meth:`BinnedStats.from_batch` on checked inputs (traceable, no checks)."""
     n = probs.shape[0]
@@ -254,8 +296,12 @@ def stats_from_batch(probs, labels, where, num_bins, convention, classwise):
     total = jnp.sum(valid.astype(jnp.int32))
     if classwise:
         probs = _common.as_float(probs)
-        count, sum_conf, n_correct = _kernels.accumulate_classwise(
-            probs, labels, valid, num_bins, convention
+        count, sum_conf, n_correct = accumulate_classwise(
+            probs,
+            labels.astype(jnp.int32),
+            valid,
+            num_bins=num_bins,
+            convention=convention,
         )
     else:
         conf, correct = _common.top_label(probs, labels)

@@ -246,3 +246,52 @@ def bin_index(conf: jax.Array, num_bins: int, convention: Convention) -> jax.Arr
     # (E_k, E_k+1]: the number of edges E_0..E_M-1 strictly below conf, minus 1.
     b = count_edges(conf, e[:-1], strict=True) - 1
     return jnp.maximum(b, 0) if convention.zero == "first" else b
+
+
+def _unscaled(s: float, m: int, dtype, strict: bool):
+    """The threshold on ``c`` of ``c * m >= s`` (``strict``: ``> s``) in
+    ``dtype`` arithmetic: rounding is monotone, so one exists."""
+    if not np.isfinite(s):
+        return s
+    m, up, down = dtype.type(m), dtype.type(np.inf), dtype.type(-np.inf)
+    c = dtype.type(s) / m
+    if strict:  # the largest c with c * m <= s
+        while c * m > s:
+            c = np.nextafter(c, down)
+        while np.nextafter(c, up) * m <= s:
+            c = np.nextafter(c, up)
+    else:  # the smallest c with c * m >= s
+        while c * m < s:
+            c = np.nextafter(c, up)
+        while np.nextafter(c, down) * m >= s:
+            c = np.nextafter(c, down)
+    return c
+
+
+def _slot_thresholds(convention: Convention, m: int, dtype):
+    """``(t, strict)`` with ``bin_index(c) >= s`` exactly when ``c > t[s]``
+    (``strict``) or ``c >= t[s]``; ``t`` has ``S`` entries, ``-inf`` first
+    where every confidence is in a bin, ``+inf`` from the first unreachable
+    slot."""
+    s = num_slots(convention, m)
+    left = convention.side == "left" or convention.edge_rule == "floor"
+    scaled = convention.edge_rule == "floor" or _multiply_is_exact(
+        convention.edge_rule, convention.side, m
+    )
+    top = m if convention.top == "extra" and convention.edge_rule != "floor" else m - 1
+    e = np.arange(m + 1, dtype=np.float64) if scaled else edges(convention, m)
+    t = np.full(s, np.inf)
+    t[0] = -np.inf if left or convention.zero == "first" else e[0]
+    t[1 : top + 1] = e[1 : top + 1]
+    if scaled:
+        t = [_unscaled(v, m, dtype, not left) for v in t]
+    return np.asarray(t, dtype), not left
+
+
+def at_least(conf: jax.Array, num_bins: int, convention: Convention) -> jax.Array:
+    """bool ``[..., S]``: ``bin_index(conf) >= s``, one float comparison per
+    slot against a threshold on ``conf`` (no integer bin, no product, so a
+    reduction over the rows fuses with it on an accelerator)."""
+    t, strict = _slot_thresholds(convention, int(num_bins), np.dtype(conf.dtype))
+    t = jnp.asarray(t).reshape((1,) * conf.ndim + (-1,))
+    return conf[..., None] > t if strict else conf[..., None] >= t

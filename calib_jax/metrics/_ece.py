@@ -103,9 +103,7 @@ def ece(
     default puts 1.0 in the last bin and 0 in the first, bins ``[lo, hi)``,
     and skips empty bins, so it never returns NaN.
 
-    Equal-width values read ``probs`` once (one max-reduction gives both
-    the confidence and the correctness) and scatter-add per row into
-    ``blocks x bins`` accumulators: one number, ``c_i - a_i``, for ``p=1``
+    Equal-width bins sum one number per row, ``c_i - a_i``, for ``p=1``
     (all an ECE needs when only empty bins are skipped), three (count,
     confidence, correct; :class:`BinnedStats`) otherwise. ``binning=
     'equal_mass'`` sorts the confidences (see :func:`adaptive_ece`).

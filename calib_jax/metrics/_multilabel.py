@@ -11,13 +11,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from calib_jax import _checks, kernels
+from calib_jax import _checks
 from calib_jax.metrics import (
     _adaptive,
     _common,
     _conventions,
     _kernels,
-    _order_statistics,
 )
 from calib_jax.metrics._conventions import Convention
 
@@ -154,24 +153,6 @@ def width_sums(probs, outcome, valid, num_bins, convention):
     return count.reshape(shape), sum_prob.reshape(shape), sum_label.reshape(shape)
 
 
-def _rank_select_sums(conf, outcome, valid, *, num_bins):
-    """``'rank'`` equal-mass sums from the radix select's bins (no sort)."""
-    conf = conf.astype(jnp.float32) + 0.0  # the values the sort path bins
-    bins = _order_statistics.rank_bins(conf, valid, num_bins)
-    count, sum_conf, sum_label = _kernels.accumulate_top_label(
-        conf, outcome, bins, valid, num_bins
-    )
-    return count, sum_conf, sum_label, jnp.sum(valid.astype(jnp.int32))
-
-
-def _rank_sort_sums(conf, outcome, valid, *, num_bins):
-    """Plain :func:`_rank_select_sums`: sort, then cut."""
-    count, sum_conf, sum_label, n, _, _ = _adaptive.equal_mass_stats(
-        conf, outcome, valid, num_bins, "rank"
-    )
-    return count, sum_conf.astype(jnp.float32), sum_label, n
-
-
 def mass_sums(conf, outcome, valid, num_bins, rule):
     """Equal-mass ``(count, sum_prob, sum_label, n)`` of one ``[N]`` vector.
 
@@ -181,14 +162,7 @@ def mass_sums(conf, outcome, valid, num_bins, rule):
     (``_adaptive.py``).
     """
     if rule == "rank" and conf.shape[0] >= _adaptive.SELECT_MIN_ROWS:
-        return kernels.select(
-            "metric_radix_select",
-            functools.partial(_rank_select_sums, num_bins=num_bins),
-            functools.partial(_rank_sort_sums, num_bins=num_bins),
-            conf,
-            outcome,
-            valid,
-        )
+        return _adaptive.rank_stats(conf, outcome, valid, num_bins=num_bins)
     count, sum_conf, sum_label, n, _, _ = _adaptive.equal_mass_stats(
         conf, outcome, valid, num_bins, rule
     )

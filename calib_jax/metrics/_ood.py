@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import kernels
-from calib_jax.metrics import _common, _validate
+from calib_jax.metrics import _common, _cpu_kernels, _validate
 
 
 def _as_scores(x, where, name):
@@ -29,24 +29,15 @@ def _as_scores(x, where, name):
     return _validate.check_scores(x, where, name=name)
 
 
-def _ranks(ref, query):
-    """Numbers of ``ref`` keys below and at-or-below each query key."""
+@kernels.dispatch("sort_keys", _cpu_kernels.ood_ranks)
+def ranks(s_in, s_out, v_out):
+    """Numbers of included ``s_out`` below and at-or-below each ``s_in``:
+    one float sort (``-0.0`` read as ``0.0``) and two binary searches.
+    Kernel family ``'sort_keys'`` (``_cpu_kernels.ood_ranks``)."""
+    ref = jnp.sort(jnp.where(v_out, s_out.astype(jnp.float32) + 0.0, jnp.inf))
+    query = s_in.astype(jnp.float32) + 0.0
     below = jnp.searchsorted(ref, query, side="left")
     return below, jnp.searchsorted(ref, query, side="right")
-
-
-def _ranks_packed(s_in, s_out, v_out):
-    """Ranks of ``s_in`` among the included ``s_out`` on packed int32 keys
-    (kernel family ``'sort_keys'``; plain: :func:`_ranks_plain`)."""
-    top = jnp.iinfo(jnp.int32).max
-    ref = jnp.sort(jnp.where(v_out, _common.sortable_int(s_out), top))
-    return _ranks(ref, _common.sortable_int(s_in))
-
-
-def _ranks_plain(s_in, s_out, v_out):
-    """Plain :func:`_ranks_packed`: a float sort (``-0.0`` read as ``0.0``)."""
-    ref = jnp.sort(jnp.where(v_out, s_out.astype(jnp.float32) + 0.0, jnp.inf))
-    return _ranks(ref, s_in.astype(jnp.float32) + 0.0)
 
 
 @jax.jit
@@ -54,9 +45,7 @@ def _auroc_core(s_in, s_out, w_in, w_out):
     s_in, s_out = _common.as_float(s_in), _common.as_float(s_out)
     v_in = _common.mask_or_ones(w_in, s_in.shape[0])
     v_out = _common.mask_or_ones(w_out, s_out.shape[0])
-    below, at_or_below = kernels.select(
-        "sort_keys", _ranks_packed, _ranks_plain, s_in, s_out, v_out
-    )
+    below, at_or_below = ranks(s_in, s_out, v_out)
     n_out = jnp.maximum(jnp.sum(v_out), 1).astype(s_in.dtype)
     frac = 0.5 * (below + at_or_below).astype(s_in.dtype) / n_out
     n_in = jnp.maximum(jnp.sum(v_in), 1).astype(s_in.dtype)
@@ -108,17 +97,11 @@ def ood_auroc(
     return _auroc_core(s_in, s_out, w_in, w_out)
 
 
-def _accepted_packed(s_in, s_out, v_in, v_out, position):
+@kernels.dispatch("sort_keys", _cpu_kernels.ood_accepted)
+def accepted(s_in, s_out, v_in, v_out, position):
     """Included ``s_out`` at or above the ``position``-th sorted included
-    ``s_in`` (excluded rows first), on packed int32 keys (kernel family
-    ``'sort_keys'``; plain: :func:`_accepted_plain`)."""
-    low = jnp.iinfo(jnp.int32).min
-    keys = jnp.sort(jnp.where(v_in, _common.sortable_int(s_in), low))
-    return v_out & (_common.sortable_int(s_out) >= keys[position])
-
-
-def _accepted_plain(s_in, s_out, v_in, v_out, position):
-    """Plain :func:`_accepted_packed`: a float sort (``-0.0`` read as ``0.0``)."""
+    ``s_in`` (excluded rows first): one float sort (``-0.0`` read as
+    ``0.0``). Kernel family ``'sort_keys'`` (``_cpu_kernels.ood_accepted``)."""
     keys = jnp.sort(jnp.where(v_in, s_in.astype(jnp.float32) + 0.0, -jnp.inf))
     return v_out & (s_out.astype(jnp.float32) + 0.0 >= keys[position])
 
@@ -133,18 +116,9 @@ def _fpr_core(s_in, s_out, w_in, w_out, num, den):
     q, r = n_in // den, n_in % den
     k = jnp.clip(q * num + (r * num + den - 1) // den, 1, jnp.maximum(n_in, 1))
     # Position of the k-th largest included score in the ascending sort.
-    accepted = kernels.select(
-        "sort_keys",
-        _accepted_packed,
-        _accepted_plain,
-        s_in,
-        s_out,
-        v_in,
-        v_out,
-        s_in.shape[0] - k,
-    )
+    hits = accepted(s_in, s_out, v_in, v_out, s_in.shape[0] - k)
     n_out = jnp.maximum(jnp.sum(v_out), 1)
-    return jnp.sum(accepted).astype(jnp.float32) / n_out.astype(jnp.float32)
+    return jnp.sum(hits).astype(jnp.float32) / n_out.astype(jnp.float32)
 
 
 def fpr_at_95_tpr(
@@ -205,15 +179,15 @@ def _aupr_core(s_in, s_out, w_in, w_out, positive_in):
     s_in, s_out = _common.as_float(s_in), _common.as_float(s_out)
     v_in = _common.mask_or_ones(w_in, s_in.shape[0])
     v_out = _common.mask_or_ones(w_out, s_out.shape[0])
-    keys = jnp.concatenate([_common.sortable_int(s_in), _common.sortable_int(s_out)])
+    keys = jnp.concatenate([s_in, s_out]).astype(jnp.float32) + 0.0
     if not positive_in:  # OOD is the positive class, ranked by -score
-        keys = -1 - keys  # order-reversing on int32 without overflow
+        keys = -keys
     pos = jnp.concatenate([v_in, jnp.zeros_like(v_out)])
     neg = jnp.concatenate([jnp.zeros_like(v_in), v_out])
     if not positive_in:
         pos, neg = neg, pos
     # Excluded rows go last and count as neither class.
-    keys = jnp.where(pos | neg, keys, jnp.iinfo(jnp.int32).min)
+    keys = jnp.where(pos | neg, keys, -jnp.inf)
     order = jnp.argsort(keys)[::-1]  # descending score
     keys, pos, neg = keys[order], pos[order], neg[order]
     tp = jnp.cumsum(pos.astype(jnp.int32))

@@ -47,9 +47,9 @@ def _ranked(probs, labels, where):
     size = conf.shape[0]
     valid = _common.mask_or_ones(where, size)
     n = jnp.sum(valid.astype(jnp.int32))
-    key = jnp.sort(_common.sort_key(conf, ~correct, valid))
-    key = jnp.roll(key[::-1], n)  # descending valid keys first, excluded last
-    s, err = _common.unpack_key(key)
+    s, err = _common.sorted_by_confidence(conf, ~correct, valid)
+    # Descending valid rows first, excluded last.
+    s, err = jnp.roll(s[::-1], n), jnp.roll(err[::-1], n)
     pos = lax.iota(jnp.int32, size)
     err = jnp.where(pos < n, err, 0)
     new = jnp.concatenate([jnp.ones((1,), bool), s[1:] != s[:-1]])

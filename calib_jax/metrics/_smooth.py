@@ -4,36 +4,27 @@ The residuals :math:`y_i - f_i` are smoothed with a Gaussian kernel reflected
 at 0 and 1; the smooth ECE at scale :math:`\sigma` is the integral over
 :math:`[0, 1]` of the absolute smoothed residual, and the metric's own scale
 is the fixed point :math:`\sigma^*` where that integral equals
-:math:`\sigma^*`.
+:math:`\sigma^*`. Computation (jittable, no host loop):
 
-Computation (all jittable, no host loop):
-
-1. *Smooth rounding to a grid* (the discretisation of the paper's released
-   package ``relplot``): each prediction :math:`f_i` is split between its two
-   neighbouring points of the uniform grid :math:`t_j = j/(M - 1)`,
-   :math:`j = 0, \dots, M-1`, with linear-interpolation weights, so the mass
-   and the mean position of every sample are kept exactly. One O(N) pass.
-2. *Reflected Gaussian smoothing in Fourier space.* The reflected Gaussian
-   kernel on :math:`[0, 1]` is the heat kernel with reflecting (Neumann)
-   boundaries, diagonal in the cosine basis:
+1. *Smooth rounding*: each :math:`f_i` is split linearly between its two
+   neighbours on the grid :math:`t_j = j/(M - 1)` (``relplot``'s
+   discretisation; mass and mean position kept exactly).
+2. *Reflected smoothing in Fourier space*: the reflected Gaussian is the
+   heat kernel with Neumann boundaries, diagonal in the cosine basis,
 
    .. math::
 
        K^R_\sigma(t, u) = \sum_{m \in \mathbb{Z}}
        \big[\varphi_\sigma(t - u - 2m) + \varphi_\sigma(t + u - 2m)\big]
        = 1 + 2\sum_{\omega \ge 1} e^{-\sigma^2\pi^2\omega^2/2}
-       \cos(\pi\omega t)\cos(\pi\omega u).
+       \cos(\pi\omega t)\cos(\pi\omega u),
 
-   The grid masses are extended evenly to a circle of :math:`2(M - 1)`
-   points, transformed once with a real FFT, and every scale costs one
-   multiplication by :math:`e^{-\sigma^2\pi^2\omega^2/2}` and one inverse
-   FFT. This gives the exactly smoothed grid masses at the grid points (the
-   periodic images are all included; aliasing is below
-   :math:`e^{-\sigma^2\pi^2(M-1)^2/2}`, i.e. nil for :math:`\sigma \ge
-   10^{-3}` at the default :math:`M`).
+   so the grid masses, extended evenly to a circle of :math:`2(M - 1)`
+   points, take one real FFT, and each scale one multiplication and one
+   inverse FFT (aliasing below :math:`e^{-\sigma^2\pi^2(M-1)^2/2}`).
 3. The integral over :math:`[0, 1]` is the trapezoid rule on the grid.
-4. :math:`\sigma^*` by bisection on :math:`[10^{-3}, 1]` with a fixed number
-   of steps (``lax.fori_loop``), the bracket of ``relplot``.
+4. :math:`\sigma^*` by bisection on :math:`[10^{-3}, 1]` (``relplot``'s
+   bracket) with a fixed number of steps.
 """
 
 from __future__ import annotations
@@ -47,7 +38,7 @@ import numpy as np
 from jax import lax
 
 from calib_jax import _checks
-from calib_jax.metrics import _common, _validate
+from calib_jax.metrics import _common, _smooth_relplot, _validate
 
 TARGETS = ("top_label", "binary")
 CONVENTIONS = ("exact", "relplot")
@@ -99,33 +90,6 @@ def _check_bandwidth(bandwidth):
                 f"> 0, got {bandwidth!r}."
             )
     return bw.astype(jnp.float32)
-
-
-def _predictions(probs, labels, target):
-    """``(f, y)``: the predicted probability in [0, 1] and the 0/1 outcome."""
-    if target == "top_label":
-        conf, correct = _common.top_label(probs, labels)
-        return conf.astype(jnp.float32), correct.astype(jnp.float32)
-    p1 = _common.as_float(probs)[:, 1].astype(jnp.float32)
-    return p1, (labels == 1).astype(jnp.float32)
-
-
-def _deposit(f, values, valid, num_points):
-    """Linear ("smooth") rounding of point masses to the grid, ``[M, C]``.
-
-    Sample ``i`` at ``u = f_i (M - 1)`` puts ``(1 - frac) v_i`` on grid point
-    ``floor(u)`` and ``frac v_i`` on the next one; ``f`` is clipped to [0, 1]
-    (probabilities may exceed 1 by the simplex tolerance).
-    """
-    m1 = num_points - 1
-    u = jnp.clip(f, 0.0, 1.0) * m1
-    lo = jnp.clip(jnp.floor(u), 0, m1 - 1)
-    frac = u - lo
-    lo = lo.astype(jnp.int32)
-    values = jnp.where(valid[:, None], values, 0.0)
-    idx = jnp.concatenate([lo, lo + 1])
-    w = jnp.concatenate([(1.0 - frac)[:, None] * values, frac[:, None] * values])
-    return jax.ops.segment_sum(w, idx, num_segments=num_points)
 
 
 def _spectrum(masses):
@@ -181,12 +145,15 @@ def _fixed_point(spectrum, num_points):
 
 
 def _inputs(probs, labels, where, target, num_points, channels):
-    f, y = _predictions(probs, labels, target)
+    f, y = _smooth_relplot.predictions(probs, labels, target)
     valid = _common.mask_or_ones(where, f.shape[0])
     n = jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0)
     columns = {"residual": y - f, "count": jnp.ones_like(f)}
-    values = jnp.stack([columns[c] for c in channels], axis=1) / n
-    return _spectrum(_deposit(f, values, valid, num_points))
+    # f is clipped to [0, 1]: probabilities may exceed 1 by the simplex
+    # tolerance.
+    u = jnp.clip(f, 0.0, 1.0) * (num_points - 1)
+    values = [jnp.where(valid, columns[c] / n, 0.0) for c in channels]
+    return _spectrum(_smooth_relplot.deposit(u, num_points - 1, values, num_points))
 
 
 @functools.partial(jax.jit, static_argnums=(4, 5))
@@ -198,10 +165,10 @@ def _smooth_ece_core(probs, labels, where, bandwidth, target, num_points):
 
 @functools.partial(jax.jit, static_argnums=(4, 5))
 def _curve_core(probs, labels, where, bandwidth, target, num_points):
-    spectrum = _inputs(probs, labels, where, target, num_points, ("residual", "count"))
-    sigma = (
-        _fixed_point(spectrum[:, :1], num_points) if bandwidth is None else bandwidth
-    )
+    residual = _inputs(probs, labels, where, target, num_points, ("residual",))
+    count = _inputs(probs, labels, where, target, num_points, ("count",))
+    spectrum = jnp.concatenate([residual, count], axis=1)
+    sigma = _fixed_point(residual, num_points) if bandwidth is None else bandwidth
     smooth = _smoothed(spectrum, sigma, num_points)
     residual, density = smooth[:, 0], smooth[:, 1]
     grid = jnp.linspace(0.0, 1.0, num_points, dtype=jnp.float32)
@@ -216,153 +183,6 @@ def _curve_core(probs, labels, where, bandwidth, target, num_points):
         "smece": _trapezoid(jnp.abs(residual), num_points),
         "bandwidth": jnp.asarray(sigma, jnp.float32),
     }
-
-
-# ---------------------------------------------------------------------------
-# convention="relplot": relplot 1.0.3's smECE / smECE_sigma as released
-# ---------------------------------------------------------------------------
-
-# smECE's ``eps``: a bandwidth below it satisfies the search predicate
-# without an evaluation.
-_RELPLOT_EPS = 1e-3
-# search_param's ``refine``: bisection steps on [0, 1].
-_RELPLOT_STEPS = 10
-# The smallest bisection midpoint that is evaluated: 1/1024 < eps is not,
-# so every evaluated scale is a multiple of 1/1024 of at least 2/1024.
-_RELPLOT_MIN_EVAL = 2.0 / 1024
-# The scale whose grids bound those of a traced fixed bandwidth.
-_RELPLOT_MIN_TRACED = 1e-3
-
-
-def relplot_grid_sizes(sigma: float) -> tuple[int, int]:
-    """relplot's two grids at scale ``sigma``: ``(E, T)``.
-
-    ``E`` = ``max(2000, round(20/sigma)) // 2 + 1`` points for the
-    smoothing (``GaussianKernel.apply``), ``T`` = ``max(round(10/sigma),
-    200)`` evaluation points for the integral (``metrics.smooth_ece``).
-    """
-    return max(2000, round(20 / sigma)) // 2 + 1, max(round(10 / sigma), 200)
-
-
-def _traced_sizes(sigma):
-    e = jnp.maximum(2000, jnp.round(20.0 / sigma).astype(jnp.int32)) // 2 + 1
-    t = jnp.maximum(jnp.round(10.0 / sigma).astype(jnp.int32), 200)
-    return e, t
-
-
-def _relplot_smece_at(f, columns, sigma, sizes, e_max, t_max):
-    """relplot's ``smooth_ece(f, y, sigma)`` on grids of dynamic sizes.
-
-    ``columns`` ``[N, 2]`` holds the residual ``f - y`` and ones (masked
-    rows zero); ``sizes = (E, T)`` (int32, at most the static ``e_max`` and
-    ``t_max``). Steps, each as relplot 1.0.3 (``kernels.py``):
-
-    1. ``smooth_round_to_grid``: ``f (E - 1)`` in float32 (relplot
-       multiplies the float32 confidences by a Python int), its floor
-       clipped to ``[0, E - 2]`` and the fraction split linearly.
-    2. ``ReflectedGaussianKernel.convolve``: the grid values extended by
-       one mirror image at each end *without repeating the end points*
-       (``flip(v)[:-1], v, flip(v)[1:]``), correlated with the Gaussian
-       sampled at ``j/(E-1) - 1/2``, ``j < E`` (cut at distance 1/2, not
-       normalised), and the ``E`` outputs from ``E // 2`` taken (a half
-       grid step off centre when ``E`` is even). Here by one FFT of size
-       ``4 e_max``.
-    3. ``interpolate`` linearly to ``T`` points ``i/(T-1)``; the value is
-       ``sum |smoothed residual| / sum (smoothed count + 1e-4)``.
-    """
-    e, t = sizes
-    e1 = (e - 1).astype(jnp.float32)
-    u = f * e1
-    lo = jnp.clip(jnp.floor(u), 0.0, e1 - 1.0)
-    frac = u - lo
-    lo = lo.astype(jnp.int32)
-    idx = jnp.concatenate([lo, lo + 1])
-    w = jnp.concatenate([(1.0 - frac)[:, None] * columns, frac[:, None] * columns])
-    values = jax.ops.segment_sum(w, idx, num_segments=e_max)  # [e_max, 2]
-    q = jnp.arange(3 * e_max, dtype=jnp.int32)
-    src = jnp.where(
-        q < e - 1, e - 1 - q, jnp.where(q < 2 * e - 1, q - (e - 1), 3 * e - 3 - q)
-    )
-    ext = jnp.where((q < 3 * e - 2)[:, None], values[jnp.clip(src, 0, e_max - 1)], 0.0)
-    j = jnp.arange(e_max, dtype=jnp.float32)
-    sigma = jnp.asarray(sigma, jnp.float32)
-    dist = j / e1 - 0.5
-    ker = jnp.exp(-dist * dist / (2.0 * sigma * sigma)) / (
-        jnp.sqrt(2.0 * jnp.pi) * sigma
-    )
-    ker = jnp.where(j < e1 + 1.0, ker, 0.0)
-    length = 4 * e_max
-    spec = (
-        jnp.fft.rfft(ext, n=length, axis=0)
-        * jnp.conj(jnp.fft.rfft(ker, n=length))[:, None]
-    )
-    corr = jnp.fft.irfft(spec, n=length, axis=0)
-    p = jnp.arange(e_max, dtype=jnp.int32)
-    smoothed = corr[jnp.clip(e // 2 + p, 0, length - 1)]  # [e_max, 2]; p < E used
-    i = jnp.arange(t_max, dtype=jnp.float32)
-    tt = i / (t - 1).astype(jnp.float32)
-    pos = tt * e1
-    inds = jnp.clip(jnp.floor(pos), 0.0, e1 - 1.0)
-    res = (pos - inds)[:, None]
-    inds = inds.astype(jnp.int32)
-    at_t = smoothed[inds] * (1.0 - res) + smoothed[inds + 1] * res  # [t_max, 2]
-    inside = i < t.astype(jnp.float32)
-    num = jnp.sum(jnp.where(inside, jnp.abs(at_t[:, 0]), 0.0))
-    den = jnp.sum(jnp.where(inside, at_t[:, 1] + 1e-4, 0.0))
-    return num / den
-
-
-def _relplot_fixed_point(f, columns, e_max, t_max):
-    """relplot's ``search_param``: 10 bisection steps on [0, 1], keeping
-    the upper end; the predicate is ``sigma < eps or sigma < smECE_sigma``."""
-
-    def predicate(sigma):
-        evaluated = jnp.maximum(sigma, _RELPLOT_MIN_EVAL)
-        value = _relplot_smece_at(
-            f, columns, evaluated, _traced_sizes(evaluated), e_max, t_max
-        )
-        return (sigma < _RELPLOT_EPS) | (sigma < value)
-
-    def step(_, bracket):
-        start, end = bracket
-        mid = 0.5 * (start + end)
-        small = predicate(mid)
-        return jnp.where(small, start, mid), jnp.where(small, mid, end)
-
-    one = jnp.float32(1.0)
-    start, _ = lax.fori_loop(0, _RELPLOT_STEPS, step, (one, jnp.float32(0.0)))
-    return jnp.where(predicate(one), one, start)
-
-
-@functools.partial(jax.jit, static_argnums=(5, 6, 7))
-def _relplot_core(probs, labels, where, bandwidth, sizes, target, e_max, t_max):
-    f, y = _predictions(probs, labels, target)
-    valid = _common.mask_or_ones(where, f.shape[0])
-    columns = jnp.stack([f - y, jnp.ones_like(f)], axis=1)
-    columns = jnp.where(valid[:, None], columns, 0.0)
-    if bandwidth is None:
-        sigma = _relplot_fixed_point(f, columns, e_max, t_max)
-        sizes = _traced_sizes(sigma)
-    else:
-        sigma = bandwidth
-        if sizes is None:
-            sizes = _traced_sizes(jnp.maximum(sigma, _RELPLOT_MIN_TRACED))
-    return _relplot_smece_at(f, columns, sigma, sizes, e_max, t_max), sigma
-
-
-def _relplot_smooth_ece(probs, labels, where, bandwidth, bw, target):
-    if bw is None:
-        e_max, t_max = relplot_grid_sizes(_RELPLOT_MIN_EVAL)
-        sizes = None
-    elif _checks.is_concrete(bw):
-        # The grids from the value as given (a Python float), as relplot.
-        given = float(bandwidth) if np.ndim(bandwidth) == 0 else float(bw)
-        e_max, t_max = relplot_grid_sizes(given)
-        sizes = tuple(jnp.int32(v) for v in (e_max, t_max))
-    else:
-        e_max, t_max = relplot_grid_sizes(_RELPLOT_MIN_TRACED)
-        sizes = None
-    return _relplot_core(probs, labels, where, bw, sizes, target, e_max, t_max)
 
 
 def _prepare(probs, labels, where, bandwidth, target, num_points):
@@ -417,22 +237,13 @@ def smooth_ece(
 
     ``convention='relplot'`` reproduces ``relplot.smECE`` /
     ``relplot.smECE_sigma`` 1.0.3 as released ([2]; to about 1e-7 in
-    tests): its grids (:math:`\max(2000, \mathrm{round}(20/\sigma))
-    /\!/ 2 + 1` points for the smoothing, :math:`\max(\mathrm{round}(10 /
-    \sigma), 200)` for the integral), its reflection, its kernel cut at
-    distance 0.5, its density floor ``1e-4`` and its 10-step bisection on
-    [0, 1] keeping the upper end. The dominant difference from the exact
-    value is the reflection: relplot mirrors the grid about its end points
-    *without repeating them*, so a prediction at exactly 0 or 1 keeps only
-    half of its kernel mass, and when many confidences are exactly 1.0
-    (float32 softmax of a confident classifier, mostly correct there, so
-    with residual 0) the density loses mass where the residual is small and
-    the value rises: with 31% / 50% of confidences at 1.0 (synthetic,
-    ``docs/metrics.md``) relplot gives 0.0254 / 0.0176 where the exact value
-    is 0.0185 / 0.0118. Without mass at the end points the two agree to
-    about 5e-4 (the kernel cut and single reflection, growing with
-    :math:`\sigma`). A traced ``bandwidth`` uses relplot's grids of
-    :math:`\max(\sigma, 10^{-3})`.
+    tests): its two grids, its reflection about the end points *without
+    repeating them* (a prediction at exactly 0 or 1 keeps half its kernel
+    mass, which raises the value when many confidences are exactly 1.0;
+    ``docs/metrics.md``), its kernel cut at distance 0.5, its density floor
+    ``1e-4`` and its 10-step bisection on [0, 1] keeping the upper end. A
+    traced ``bandwidth`` uses relplot's grids of :math:`\max(\sigma,
+    10^{-3})`.
 
     Args:
       probs: float ``[N, K]`` rows on the probability simplex.
@@ -472,7 +283,10 @@ def smooth_ece(
     args = _prepare(probs, labels, where, bandwidth, target, num_points)
     probs, labels, where, bw, m = args
     if convention == "relplot":
-        return _relplot_smooth_ece(probs, labels, where, bandwidth, bw, target)[0]
+        value, _ = _smooth_relplot.smooth_ece(
+            probs, labels, where, bandwidth, bw, target
+        )
+        return value
     return _smooth_ece_core(probs, labels, where, bw, target, m)[0]
 
 

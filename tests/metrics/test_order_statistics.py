@@ -104,3 +104,147 @@ def test_radix_select_path_sharded_equals_single_device():
     sharded = f(jax.device_put(probs, rows), jax.device_put(labels, rows))
     single = f(jax.device_put(probs, jax.devices()[0]), labels)
     np.testing.assert_allclose(sharded, single, rtol=1e-6)
+
+
+# Every packed-key / radix-select / blocked kernel that stays (kernel families
+# of calib_jax.kernels) against its plain form and NumPy on float32 values
+# piled at 1.0: exact 1.0, consecutive floats just below it, [0.9999, 1),
+# ties; sizes on both sides of a block or pass boundary.
+ULP = 2.0**-24
+
+
+def _near_one(rng, n):
+    pools = np.concatenate(
+        [
+            np.ones(8),
+            1.0 - ULP * np.arange(1, 40),
+            rng.uniform(0.9999, 1.0, 40),
+            [0.5, 0.9, 0.9999, 1.0 - 2.0**-14],
+        ]
+    ).astype(np.float32)
+    return pools[rng.integers(0, len(pools), n)]
+
+
+def _near_one_probs(rng, n, k):
+    """float32 ``[N, K]``: a top entry near 1 (ties between two classes in
+    some rows) and the rest spread over the other classes."""
+    probs = rng.random((n, k)).astype(np.float32) * 1e-6
+    top = _near_one(rng, n)
+    cls = rng.integers(0, k, n)
+    probs[np.arange(n), cls] = top
+    tie = rng.random(n) < 0.2  # the same maximum at a second class
+    probs[tie, (cls[tie] + 1 + rng.integers(0, k - 1, tie.sum())) % k] = top[tie]
+    return probs
+
+
+@pytest.mark.parametrize("k", [2, 10, 32, 33, 64, 1000])
+def test_top_label_forms_near_one_equal_numpy(k):
+    from calib_jax import kernels
+    from calib_jax.metrics import _common
+
+    rng = np.random.default_rng(k)
+    probs = _near_one_probs(rng, 300, k)
+    labels = np.where(rng.random(300) < 0.5, probs.argmax(1), rng.integers(0, k, 300))
+    for mode in ("tuned", "plain"):
+        with kernels.use(mode, "metric_top_label"):
+            conf, correct = jax.jit(_common.top_label)(
+                jnp.asarray(probs), jnp.asarray(labels, jnp.int32)
+            )
+        np.testing.assert_array_equal(np.asarray(conf), probs.max(1))
+        np.testing.assert_array_equal(np.asarray(correct), probs.argmax(1) == labels)
+
+
+@pytest.mark.parametrize("n", [1, 2, 257])
+def test_sorted_by_confidence_forms_near_one_equal_numpy(n):
+    from calib_jax import kernels
+    from calib_jax.metrics import _common
+
+    rng = np.random.default_rng(n)
+    conf, flag = _near_one(rng, n), rng.random(n) < 0.5
+    valid = rng.random(n) < 0.8
+    valid[0] = True
+    order = np.lexsort((flag[valid], conf[valid]))
+    for mode in ("tuned", "plain"):
+        with kernels.use(mode, "sort_keys"):
+            s, f = _common.sorted_by_confidence(
+                jnp.asarray(conf), jnp.asarray(flag), jnp.asarray(valid)
+            )
+        m = int(valid.sum())
+        np.testing.assert_array_equal(np.asarray(s)[:m], conf[valid][order])
+        np.testing.assert_array_equal(np.asarray(f)[:m], flag[valid][order])
+
+
+def test_ood_rank_forms_near_one_equal_the_reference():
+    import _reference_metrics as ref
+
+    from calib_jax import kernels
+
+    rng = np.random.default_rng(5)
+    s_in, s_out = _near_one(rng, 300), _near_one(rng, 200)
+    for mode in ("tuned", "plain"):
+        with kernels.use(mode, "sort_keys"):
+            auroc = metrics.ood_auroc(s_in, s_out)
+            fpr = metrics.fpr_at_95_tpr(s_in, s_out)
+        np.testing.assert_allclose(float(auroc), ref.ood_auroc(s_in, s_out), rtol=1e-6)
+        np.testing.assert_allclose(float(fpr), ref.fpr_at_tpr(s_in, s_out), rtol=1e-6)
+
+
+@pytest.mark.parametrize("m", [2, 15, 64])
+def test_rank_stats_forms_near_one_are_the_sorted_cut(m):
+    from calib_jax import kernels
+
+    rng = np.random.default_rng(m)
+    n = 3000
+    conf = _near_one(rng, n)
+    correct = rng.random(n) < 0.7
+    valid = rng.random(n) < 0.9
+    bins = _sorted_cut_bins(conf, valid, m)
+    want = np.bincount(bins[valid], minlength=m)
+    want_correct = np.bincount(bins[valid], weights=correct[valid], minlength=m)
+    args = jnp.asarray(conf), jnp.asarray(correct), jnp.asarray(valid)
+    for mode in ("tuned", "plain"):
+        with kernels.use(mode, "metric_radix_select"):
+            count, sum_conf, n_correct, total = _adaptive.rank_stats(*args, num_bins=m)
+        np.testing.assert_array_equal(np.asarray(count), want)
+        np.testing.assert_array_equal(np.asarray(n_correct), want_correct)
+        np.testing.assert_allclose(
+            np.asarray(sum_conf),
+            np.bincount(bins[valid], weights=conf[valid], minlength=m),
+            rtol=1e-5,  # float32 sums of thousands of values
+        )
+        assert int(total) == valid.sum()
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1, 263])
+def test_classwise_forms_near_one_across_a_row_block(extra):
+    # K = 1000: a scan block of the tuned kernel holds 262 rows.
+    from calib_jax import kernels
+    from calib_jax.metrics import _binned_stats, _conventions, _cpu_kernels
+
+    k = 1000
+    n = _cpu_kernels.CLASSWISE_BLOCK // k + extra
+    rng = np.random.default_rng(n)
+    probs = _near_one_probs(rng, n, k)
+    labels = rng.integers(0, k, n).astype(np.int32)
+    valid = rng.random(n) < 0.9
+    conv = _conventions.PRESETS["calib_jax"]
+    bins = np.asarray(_conventions.bin_index(jnp.asarray(probs), 15, conv))
+    seg = (np.arange(k)[None, :] * 15 + bins)[valid].ravel()
+    want = np.bincount(seg, minlength=k * 15).reshape(k, 15)
+    want_sum = np.bincount(seg, probs[valid].ravel().astype(np.float64), k * 15)
+    lab = (labels[:, None] == np.arange(k)[None, :])[valid].ravel()
+    want_correct = np.bincount(seg[lab], minlength=k * 15).reshape(k, 15)
+    for mode in ("tuned", "plain"):
+        with kernels.use(mode, "metric_classwise"):
+            count, sum_conf, n_correct = _binned_stats.accumulate_classwise(
+                jnp.asarray(probs),
+                jnp.asarray(labels),
+                jnp.asarray(valid),
+                num_bins=15,
+                convention=conv,
+            )
+        np.testing.assert_array_equal(np.asarray(count), want)
+        np.testing.assert_array_equal(np.asarray(n_correct), want_correct)
+        np.testing.assert_allclose(
+            np.asarray(sum_conf).ravel(), want_sum, rtol=1e-5, atol=1e-3
+        )

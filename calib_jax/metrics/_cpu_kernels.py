@@ -1,0 +1,192 @@
+r"""CPU-tuned drop-ins of the metric kernels.
+
+Each function here computes exactly what the plain function it names
+computes (same arguments, same results up to float32 summation order) and is
+chosen for it by :func:`calib_jax.kernels.dispatch` on the CPU (the family
+table ``calib_jax.kernels.FAMILIES`` says where else). The ratios that keep
+them are in ``benchmarks/RESULTS.md`` ("Kernel families: tuned vs plain on
+the CPU"); the plain forms are the reference.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from calib_jax.metrics import _conventions, _kernels, _order_statistics
+
+# Rows wider than this are viewed as [N * K / g, g] blocks, g the largest
+# divisor of K in [_MIN_GROUP, _MAX_GROUP] (XLA:CPU vectorises short rows).
+_MAX_GROUP = 32
+_MIN_GROUP = 8
+# Elements per scan step of the class-wise accumulation.
+CLASSWISE_BLOCK = 1 << 18
+
+
+def _group_size(k: int) -> int:
+    """Classes per block of :func:`top_label`: all of them up to 32, else the
+    largest divisor of K in [8, 32] (the whole row when there is none)."""
+    for g in range(_MAX_GROUP, _MIN_GROUP - 1, -1):
+        if k > _MAX_GROUP and k % g == 0:
+            return g
+    return k
+
+
+def _packed_max(probs, labels, offset, screen):
+    """Row max of uint32 ``4 bits(p) + 2 [k < y] + [k = y]`` (and with
+    ``screen`` the row sums of ``screen_values``, same reduction)."""
+    bits = lax.bitcast_convert_type(probs, jnp.uint32)
+    k = lax.broadcasted_iota(jnp.int32, probs.shape, 1) + offset[:, None]
+    y = labels[:, None]
+    key = bits * 4 + 2 * (k < y).astype(jnp.uint32) + (k == y).astype(jnp.uint32)
+    if not screen:
+        return jnp.max(key, axis=1)
+    big = jnp.asarray(2.0 ** (jnp.finfo(probs.dtype).maxexp - 1), probs.dtype)
+    screened = probs + (jnp.abs(probs) - probs) * big
+    zero = (jnp.zeros((), jnp.uint32), jnp.zeros((), probs.dtype))
+    return lax.reduce(
+        (key, screened),
+        zero,
+        lambda a, b: (jnp.maximum(a[0], b[0]), a[1] + b[1]),
+        (1,),
+    )
+
+
+def top_label(probs, labels, *, screen=False):
+    """Drop-in for ``_common.top_label_plain`` (float32): one max-reduction
+    over packed keys, wide rows in blocks of ``g`` classes.
+
+    For ``0 <= p < 2`` the float32 bit pattern is monotone and ``4 bits``
+    fits in 32 bits, so the largest key holds the confidence (``key >> 2``);
+    among the maximal entries the largest flag is 1 exactly when the label is
+    the first maximal class (``np.argmax``'s tie rule).
+    """
+    n, k = probs.shape
+    group = _group_size(k)
+    blocks = k // group
+    shape = (n, blocks)
+    # Broadcasts (not repeat/tile) so XLA fuses them into the reduction.
+    offset = jnp.broadcast_to(jnp.arange(blocks, dtype=jnp.int32) * group, shape)
+    sub_labels = jnp.broadcast_to(labels[:, None], shape).reshape(-1)
+    sub = probs.reshape(n * blocks, group)
+    key = _packed_max(sub, sub_labels, offset.reshape(-1), screen)
+    if screen:
+        key, sums = key
+        sums = jnp.sum(sums.reshape(shape), axis=1)
+    key = jnp.max(key.reshape(shape), axis=1)
+    out = (lax.bitcast_convert_type(key >> 2, jnp.float32), (key & 3) == 1)
+    return (*out, sums) if screen else out
+
+
+def sort_key(conf, flag, valid):
+    """int32 ``2 bits(conf) + flag`` (monotone for ``0 <= conf < 2``);
+    excluded rows get the largest key."""
+    bits = lax.bitcast_convert_type(conf.astype(jnp.float32) + 0.0, jnp.int32)
+    key = bits * 2 + flag.astype(jnp.int32)
+    return jnp.where(valid, key, jnp.iinfo(jnp.int32).max)
+
+
+def sorted_by_confidence(conf, flag, valid):
+    """Drop-in for ``_common.sorted_by_confidence``: one sort of the int32
+    keys of :func:`sort_key`, no payload."""
+    key = jnp.sort(sort_key(conf, flag, valid))
+    return lax.bitcast_convert_type(key >> 1, jnp.float32), key & 1
+
+
+def sortable_int(x):
+    """int32 keys ordered like the (non-NaN) float32 values ``x``."""
+    bits = lax.bitcast_convert_type(x.astype(jnp.float32) + 0.0, jnp.int32)
+    return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+
+
+def ood_ranks(s_in, s_out, v_out):
+    """Drop-in for ``_ood.ranks``: the sort on int32 keys."""
+    top = jnp.iinfo(jnp.int32).max
+    ref = jnp.sort(jnp.where(v_out, sortable_int(s_out), top))
+    query = sortable_int(s_in)
+    return (
+        jnp.searchsorted(ref, query, side="left"),
+        jnp.searchsorted(ref, query, side="right"),
+    )
+
+
+def ood_accepted(s_in, s_out, v_in, v_out, position):
+    """Drop-in for ``_ood.accepted``: the sort on int32 keys."""
+    low = jnp.iinfo(jnp.int32).min
+    keys = jnp.sort(jnp.where(v_in, sortable_int(s_in), low))
+    return v_out & (sortable_int(s_out) >= keys[position])
+
+
+def _correct_counts(probs, labels, valid, num_bins, convention, slots):
+    """Per-class per-bin correct counts ``[K * S]``: one scatter of N ones
+    (only the label entry of a row is correct)."""
+    k = probs.shape[1]
+    lab = labels.astype(jnp.int32)
+    p_label = jnp.take_along_axis(probs, lab[:, None], axis=1)[:, 0]
+    lab_bins = _conventions.bin_index(p_label, num_bins, convention)
+    seg = jnp.where(valid & (lab_bins >= 0), lab * slots + lab_bins, k * slots)
+    return jax.ops.segment_sum(jnp.ones(lab.shape, jnp.int32), seg, k * slots)
+
+
+def accumulate_classwise(probs, labels, valid, *, num_bins, convention):
+    """Drop-in for ``_binned_stats.accumulate_classwise``: scatter-adds in a
+    ``lax.scan`` over row blocks.
+
+    Most probabilities of a K-class softmax fall in bin 0, so bin 0 is not
+    scattered: its count and sum are the column totals (one matrix-vector
+    product) minus the other bins. Conventions that drop exact zeros from
+    every bin scatter all bins.
+    """
+    n, k = probs.shape
+    slots = _conventions.num_slots(convention, num_bins)
+    rows = max(1, min(n, CLASSWISE_BLOCK // k))
+    derive_first = not (convention.side == "right" and convention.zero == "drop")
+    lowest = 1 if derive_first else 0
+
+    def block(p, v):
+        bins = _conventions.bin_index(p, num_bins, convention)
+        cls = lax.broadcasted_iota(jnp.int32, p.shape, 1)
+        keep = v[:, None] & (bins >= lowest)
+        seg = jnp.where(keep, cls * slots + bins, k * slots)
+        val = lax.complex(p, jnp.ones_like(p))
+        s = jax.ops.segment_sum(val.reshape(-1), seg.reshape(-1), k * slots)
+        # Column totals of the included rows (excluded rows may hold NaN).
+        col = v.astype(p.dtype) @ jnp.where(v[:, None], p, 0.0)
+        return jnp.imag(s).astype(jnp.int32), jnp.real(s), col
+
+    count = jnp.zeros((k * slots,), jnp.int32)
+    sum_conf = jnp.zeros((k * slots,), probs.dtype)
+    col_sum = jnp.zeros((k,), probs.dtype)
+    full = n // rows
+    if full:
+
+        def body(carry, j):
+            p = lax.dynamic_slice_in_dim(probs, j * rows, rows, 0)
+            v = lax.dynamic_slice_in_dim(valid, j * rows, rows, 0)
+            return tuple(a + b for a, b in zip(carry, block(p, v))), None
+
+        init = (count, sum_conf, col_sum)
+        (count, sum_conf, col_sum), _ = lax.scan(body, init, jnp.arange(full))
+    if n - full * rows:
+        c, s, col = block(probs[full * rows :], valid[full * rows :])
+        count, sum_conf, col_sum = count + c, sum_conf + s, col_sum + col
+    count, sum_conf = count.reshape(k, slots), sum_conf.reshape(k, slots)
+    if derive_first:
+        n_valid = jnp.sum(valid.astype(jnp.int32))
+        count = count.at[:, 0].set(n_valid - jnp.sum(count, axis=1))
+        sum_conf = sum_conf.at[:, 0].set(col_sum - jnp.sum(sum_conf, axis=1))
+    n_correct = _correct_counts(probs, labels, valid, num_bins, convention, slots)
+    return count, sum_conf, n_correct.reshape(k, slots)
+
+
+def rank_stats(conf, correct, valid, *, num_bins):
+    """Drop-in for ``_adaptive.rank_stats``: the ``'rank'`` bins from the
+    radix select of the ``M - 1`` group-start order statistics
+    (``_order_statistics.rank_bins``), no sort."""
+    conf = conf.astype(jnp.float32) + 0.0  # the values the sort path bins
+    bins = _order_statistics.rank_bins(conf, valid, num_bins)
+    count, sum_conf, sum_correct = _kernels.accumulate_top_label(
+        conf, correct, bins, valid, num_bins
+    )
+    return count, sum_conf, sum_correct, jnp.sum(valid.astype(jnp.int32))

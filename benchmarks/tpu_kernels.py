@@ -10,10 +10,10 @@ compiled ahead of time for one chip of a TPU v5e topology, once forced to
 bytes accessed and its time estimate. A family runs ``'plain'`` off the CPU
 when, at any of its sizes, the tuned kernel's bytes accessed exceed twice the
 plain one's or the tuned kernel does not compile; other families nested in a
-measured kernel take their ``kernels.OFF_CPU`` entry (``'auto'`` on TPU), so
+measured kernel take their ``kernels.FAMILIES[...].tpu`` entry (``'auto'`` on TPU), so
 the table is a fixed point of this script. Writes the section "Kernel
 portability (TPU ahead-of-time compile)" of benchmarks/RESULTS.md and checks
-that ``calib_jax.kernels.OFF_CPU`` holds these decisions (``--no-write``
+that ``calib_jax.kernels.FAMILIES[...].tpu`` holds these decisions (``--no-write``
 prints only).
 
 XLA's cost analysis counts the body of a while loop once, whatever its trip
@@ -391,7 +391,7 @@ def report(measured: list[dict], device) -> str:
         "",
         rule,
         "",
-        "| family | off-CPU choice | why | `kernels.OFF_CPU` |",
+        "| family | off-CPU choice | why | `kernels.FAMILIES[...].tpu` |",
         "|---|---|---|---|",
     ]
     for family, (choice, why) in decisions(measured).items():
@@ -429,7 +429,7 @@ def main(argv=None) -> int:
         write_section(TITLE, body)
     if mismatch:
         print(
-            f"kernels.OFF_CPU differs from the measurement for: {', '.join(mismatch)}"
+            f"kernels.FAMILIES[...].tpu differs from the measurement for: {', '.join(mismatch)}"
         )
         return 1
     return 0

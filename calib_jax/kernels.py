@@ -128,7 +128,7 @@ FAMILIES: dict[str, Family] = {
         gpu="tuned",
     ),
     "posthoc_temperature": Family(
-        "posthoc._cpu_kernels.exp_sums",
+        "posthoc._cpu_kernels (exp_sums, nll_of_log_t, top_confidence_of_log_t)",
         "row-blocked exp sums of temperature scaling and fused derivatives",
         tpu="plain",
         gpu="plain",
@@ -318,7 +318,3 @@ def _with_dtypes_of(plain: Callable, tuned: Callable, args) -> Callable:
         return jax.tree.map(lambda x, w: x.astype(w.dtype), tuned(*a), want)
 
     return cast
-
-
-# Transitional: call sites move to @dispatch; nothing new may use this.
-select = _select

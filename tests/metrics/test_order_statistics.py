@@ -189,7 +189,7 @@ def test_ood_rank_forms_near_one_equal_the_reference():
         np.testing.assert_allclose(float(fpr), ref.fpr_at_tpr(s_in, s_out), rtol=1e-6)
 
 
-@pytest.mark.parametrize("m", [2, 15, 64])
+@pytest.mark.parametrize("m", [2, 15, pytest.param(64, marks=pytest.mark.long)])
 def test_rank_stats_forms_near_one_are_the_sorted_cut(m):
     from calib_jax import kernels
 
@@ -215,7 +215,15 @@ def test_rank_stats_forms_near_one_are_the_sorted_cut(m):
         assert int(total) == valid.sum()
 
 
-@pytest.mark.parametrize("extra", [-1, 0, 1, 263])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        -1,
+        1,
+        pytest.param(0, marks=pytest.mark.long),
+        pytest.param(263, marks=pytest.mark.long),
+    ],
+)
 def test_classwise_forms_near_one_across_a_row_block(extra):
     # K = 1000: a scan block of the tuned kernel holds 262 rows.
     from calib_jax import kernels

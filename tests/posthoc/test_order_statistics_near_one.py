@@ -223,7 +223,11 @@ def _logits_near_one(rng, n):
         ("top_label", 514),
     ],
 )
-@pytest.mark.parametrize("mode", ["tuned", "plain"])
+# The plain sort-and-cut has no pass or block boundary; its sizes run in
+# make test-slow.
+@pytest.mark.parametrize(
+    "mode", ["tuned", pytest.param("plain", marks=pytest.mark.long)]
+)
 def test_histogram_binning_near_one_matches_float64(variant, num_bins, mode):
     rng = np.random.default_rng(num_bins)
     n, k = 1600, 2

@@ -420,6 +420,15 @@ def conformal_rows(sizes, rounds):
     return rows
 
 
+def _numpy_target(rows) -> str:
+    """The verdict line of a calib_jax-vs-NumPy table (target: ratio <= 1)."""
+    worst = max(r["calib_jax"] / r["numpy"] for r in rows)
+    return (
+        f"Target calib_jax / NumPy <= 1.0 in every cell: worst {worst:.2f}x "
+        f"({'met' if worst <= 1.0 else 'NOT met'})."
+    )
+
+
 def render_conformal(rows, rounds, load):
     out = [
         f"Machine: {machine_line()}; load average at start {load:.1f} (the 2 "
@@ -451,11 +460,9 @@ def render_conformal(rows, rounds, load):
             f"{r['numpy']:.4f} | {r['calib_jax'] / r['numpy']:.2f}x | "
             f"{r['qhat_diff']:.1e} | {r['set_diff']:.1e} | {r['coverage']:.4f} |"
         )
-    worst = max(r["calib_jax"] / r["numpy"] for r in rows)
     out += [
         "",
-        f"Target calib_jax / NumPy <= 1.0 in every cell: worst {worst:.2f}x "
-        f"({'met' if worst <= 1.0 else 'NOT met'}).",
+        _numpy_target(rows),
         "",
         CONFORMAL_NOTES,
     ]
@@ -603,11 +610,9 @@ def render_hb_reference(rows, os_rows, rounds, load):
             f"{r['numpy']:.4f} | {r['calib_jax'] / r['numpy']:.2f}x | "
             f"{r['thr_diff']:.1e}, {r['val_diff']:.1e} |"
         )
-    worst = max(r["calib_jax"] / r["numpy"] for r in rows)
     out += [
         "",
-        f"Target calib_jax / NumPy <= 1.0 in every cell: worst {worst:.2f}x "
-        f"({'met' if worst <= 1.0 else 'NOT met'}).",
+        _numpy_target(rows),
         "",
         "Plain first: the equal-mass cut `_reduction.grouped_cut` is a sort of "
         "the (class, score) pairs cut at the wanted ranks (it cannot mistake a "

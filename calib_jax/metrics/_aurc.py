@@ -30,27 +30,76 @@ def _position_weights(n, size, dtype):
     return jnp.where(pos <= n, alpha, 0.0)
 
 
+def _digamma_gap(a, m):
+    r""":math:`\psi(a + m + 1) - \psi(a + 1) = H_{a+m} - H_a` for ``a >= 0``,
+    ``m >= 1`` (float), without the cancellation of two large digammas.
+
+    From ``a + 1 >= 16`` the asymptotic series of :math:`\psi` to the
+    :math:`x^{-4}` term, differenced in closed form with ``u = 1/(a+1)``,
+    ``v = 1/(a+m+1)`` (remainder below ``1e-9`` relative); below it the two
+    digammas directly (their gap is at least ``1/17`` there).
+    """
+    x = a + 1.0
+    u, v = 1.0 / x, 1.0 / (x + m)
+    uv = m * u * v
+    series = (
+        jnp.log1p(m * u)
+        + 0.5 * uv
+        + uv * (u + v) / 12.0
+        - uv * (u + v) * (u * u + v * v) / 120.0
+    )
+    direct = digamma(x + m) - digamma(x)
+    return jnp.where(x >= 16.0, series, direct)
+
+
+def _group_weight(a, m, n):
+    r"""Mean of ``alpha_j = (H_n - H_{j-1}) / n`` over positions
+    ``j = a + 1 .. a + m`` (a group of ``m`` tied confidences below ``a``
+    others).
+
+    :math:`\sum_{j=1}^{b}\psi(j) = b\,\psi(b+1) - b` gives the mean
+    :math:`\bar\psi = \psi(b+1) - 1 + \frac{a}{m}(H_b - H_a)` with
+    :math:`b = a + m`, and the weight :math:`(\psi(n+1) - \bar\psi)/n`;
+    a group of one reads :math:`\psi(a+1)` itself, as
+    :func:`_position_weights`.
+    """
+    b = a + m
+    mean_psi = digamma(b + 1.0) - 1.0 + a / m * _digamma_gap(a, m)
+    mean_psi = jnp.where(m == 1.0, digamma(b), mean_psi)
+    nf = jnp.maximum(n, 1).astype(a.dtype)
+    return (digamma(nf + 1.0) - mean_psi) / nf
+
+
 @jax.jit
 def _aurc_core(probs, labels, where):
     conf, correct = _common.top_label(probs, labels)
     size = conf.shape[0]
     valid = _common.mask_or_ones(where, size)
     n = jnp.sum(valid.astype(jnp.int32))
-    # Ascending (confidence, error), excluded rows last; reversed below for
-    # descending confidence. The order inside a group of ties does not matter.
+    # Ascending (confidence, error), excluded rows last: inside a group of
+    # tied confidences the correct rows come first, the errors last.
     s, err = _common.sorted_by_confidence(conf, ~correct, valid)
-    # Descending valid rows first, excluded last.
-    s, err = jnp.roll(s[::-1], n), jnp.roll(err[::-1], n)
-    alpha = _position_weights(n, size, conf.dtype)
+    i = lax.iota(jnp.int32, size)
+    first = jnp.ones((1,), bool)
+    new_group = jnp.concatenate([first, s[1:] != s[:-1]])
+    new_run = new_group | jnp.concatenate([first, err[1:] != err[:-1]])
+    last = jnp.concatenate([s[1:] != s[:-1], first]) | (i == n - 1)
+    # Group [start, i] ends at a row with ``last``; its errors are the run
+    # [run, i] when that row is an error. Descending, the group takes the
+    # positions a + 1 .. a + m below the a = n - 1 - i more confident rows.
+    start = lax.cummax(jnp.where(new_group, i, 0), axis=0)
+    run = lax.cummax(jnp.where(new_run, i, 0), axis=0)
+    dtype = conf.dtype
+    m = (i + 1 - start).astype(dtype)
+    errors = jnp.where(err == 1, i + 1 - run, 0).astype(dtype)
+    a = (n - 1 - i).astype(dtype)
     # Tied confidences: every member gets the mean weight of the group's
     # positions (the expectation over orderings of the ties).
-    new = jnp.concatenate([jnp.ones((1,), bool), s[1:] != s[:-1]])
-    group = jnp.cumsum(new.astype(jnp.int32)) - 1
-    group_sum = jax.ops.segment_sum(alpha, group, size)
-    group_len = jax.ops.segment_sum(jnp.ones_like(alpha), group, size)
-    weight = (group_sum / jnp.maximum(group_len, 1.0))[group]
-    aurc = jnp.sum(jnp.where(lax.iota(jnp.int32, size) < n, weight * err, 0.0))
-    return aurc, alpha, jnp.sum(err * (lax.iota(jnp.int32, size) < n)), n
+    weight = _group_weight(jnp.maximum(a, 0.0), m, n)
+    keep = last & (i < n)
+    aurc = jnp.sum(jnp.where(keep, errors * weight, 0.0))
+    alpha = _position_weights(n, size, dtype)
+    return aurc, alpha, jnp.sum(jnp.where(i < n, err, 0)), n
 
 
 def aurc(

@@ -29,3 +29,43 @@ def test_eaurc_geifman_closed_form():
     probs, labels = CASES["softmax_k10"]
     got = metrics.eaurc(probs, labels, optimum="geifman")
     close(got, ref.eaurc(probs, labels, "geifman"), atol=1e-5, rtol=1e-5)
+
+
+def _aurc_by_groups(conf, err):
+    """Float64 AURC, ties by expectation: sum over positions of the mean
+    error rate so far (vectorised form of ``ref._aurc_of_errors``)."""
+    import numpy as np
+
+    conf, err = np.asarray(conf, np.float64), np.asarray(err, np.float64)
+    n = conf.size
+    values, inverse = np.unique(-conf, return_inverse=True)
+    size = np.bincount(inverse, minlength=values.size)
+    errs = np.bincount(inverse, weights=err, minlength=values.size)
+    start = np.concatenate([[0], np.cumsum(size)[:-1]])
+    before = np.concatenate([[0.0], np.cumsum(errs)[:-1]])
+    k = np.arange(1, n + 1)
+    g = np.repeat(np.arange(values.size), size)
+    risk = (before[g] + (k - start[g]) * errs[g] / size[g]) / k
+    return risk.sum() / n
+
+
+@pytest.mark.parametrize("pile", [0.0, 0.3, 0.6])
+def test_aurc_tie_groups_deep_in_the_ranking(pile):
+    """Groups of ties at every depth (the closed-form group weight's series
+    branch from 16 rows above), confidences piled at exactly 1.0 and in
+    [0.9999, 1), as a confident classifier's float32 softmax gives."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    n = 20_000
+    conf = rng.choice(np.float32(1.0) - np.arange(300, dtype=np.float32) * 3e-7, n)
+    conf = np.where(rng.random(n) < 0.5, np.round(rng.random(n), 3), conf)
+    conf = np.where(rng.random(n) < pile, 1.0, conf).astype(np.float32)
+    conf = np.maximum(conf, 0.5)
+    err = rng.random(n) < 0.3 * (1.0 - conf) + 0.05
+    probs = np.stack([conf, 1.0 - conf], axis=1).astype(np.float32)
+    labels = np.where(err, 1, 0)
+    labels = np.where(conf == 0.5, 1, labels)  # a tie of both classes: argmax 0
+    want = _aurc_by_groups(probs.max(axis=1), labels != 0)
+    close(metrics.aurc(jnp.asarray(probs), labels), want, atol=1e-6, rtol=1e-5)

@@ -271,8 +271,10 @@ Notes:
   for `p < 0` (a negative, NaN or inf entry makes the row sum NaN or huge), so
   the screen reads `probs` in the same loop as the metric; only a flagged
   row runs the exact old summary, which words the message. `classwise_ece`
-  reads `probs` through its own scatter kernel, so its screen is one extra
-  fused (key, sum) row reduction.
+  (and `marginal_ece` with equal-width bins) reads `probs` through its own
+  scatter kernel, whose row blocks also return their screened row sums
+  (column adds for K <= 32, a matrix-vector product above); with
+  equal-mass bins the screen is one extra fused (key, sum) row reduction.
 - A plain `jnp.sum` of the screened values (or of `jnp.where(p >= 0, p, inf)`)
   over rows does not vectorise on XLA:CPU: 450-900 ms at (1e5, 1000), 10-20x a
   plain row sum; inside the variadic (key max, sum) reduction the same

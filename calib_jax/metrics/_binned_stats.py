@@ -254,7 +254,7 @@ def classwise_error(count, sum_conf, sum_correct, total, p, convention):
 
 
 @kernels.dispatch("metric_classwise", _cpu_kernels.accumulate_classwise)
-def accumulate_classwise(probs, labels, valid, *, num_bins, convention):
+def accumulate_classwise(probs, labels, valid, *, num_bins, convention, screen=False):
     r"""Per-class per-bin ``(count, sum conf, sum correct)``, each ``[K, S]``.
 
     Every entry :math:`p_{ik}` lands in bin :math:`b_{ik}` of class
@@ -265,6 +265,11 @@ def accumulate_classwise(probs, labels, valid, *, num_bins, convention):
     the rows, which XLA fuses into one read of ``probs``, then differenced. Kernel family ``'metric_classwise'``
     (``_cpu_kernels.accumulate_classwise``); float64 reference
     ``tests/_reference_metrics.py``.
+
+    With the static ``screen`` flag a fourth output, float ``[N]``: the row
+    sums of :func:`_common.screen_values` over every row (excluded ones
+    too), the input check's value screen (``_validate.probs_summary``) from
+    the same call.
     """
     above = _conventions.at_least(probs, num_bins, convention)
     above = above & valid[:, None, None]
@@ -277,7 +282,10 @@ def accumulate_classwise(probs, labels, valid, *, num_bins, convention):
     )
     cum = _sum_rows(terms, (jnp.int32, probs.dtype, jnp.int32))
     # Sums over bin >= s, differenced into bins.
-    return tuple(c - jnp.pad(c[:, 1:], ((0, 0), (0, 1))) for c in cum)
+    out = tuple(c - jnp.pad(c[:, 1:], ((0, 0), (0, 1))) for c in cum)
+    if screen:
+        out = (*out, jnp.sum(_common.screen_values(probs), axis=1))
+    return out
 
 
 def _sum_rows(terms, dtypes):
@@ -289,28 +297,36 @@ def _sum_rows(terms, dtypes):
     return lax.reduce(terms, zeros, add, (0,))
 
 
-def stats_from_batch(probs, labels, where, num_bins, convention, classwise):
-    """:meth:`BinnedStats.from_batch` on checked inputs (traceable, no checks)."""
+def stats_from_batch(
+    probs, labels, where, num_bins, convention, classwise, screen=False
+):
+    """:meth:`BinnedStats.from_batch` on checked inputs (traceable, no checks).
+
+    With the static ``screen`` flag returns ``(stats, sums)``, ``sums`` the
+    float ``[N]`` row sums of :func:`_common.screen_values` (the value screen
+    of ``_validate.probs_summary``) from the same read of ``probs``.
+    """
     n = probs.shape[0]
     valid = _common.mask_or_ones(where, n)
     total = jnp.sum(valid.astype(jnp.int32))
     if classwise:
         probs = _common.as_float(probs)
-        count, sum_conf, n_correct = accumulate_classwise(
+        count, sum_conf, n_correct, *sums = accumulate_classwise(
             probs,
             labels.astype(jnp.int32),
             valid,
             num_bins=num_bins,
             convention=convention,
+            screen=screen,
         )
     else:
-        conf, correct = _common.top_label(probs, labels)
+        conf, correct, *sums = _common.top_label(probs, labels, screen=screen)
         bins = _conventions.bin_index(conf, num_bins, convention)
         slots = _conventions.num_slots(convention, num_bins)
         count, sum_conf, n_correct = _kernels.accumulate_top_label(
             conf, correct, bins, valid, slots
         )
-    return BinnedStats(
+    stats = BinnedStats(
         count=count,
         sum_conf=sum_conf,
         sum_correct=n_correct,
@@ -319,6 +335,7 @@ def stats_from_batch(probs, labels, where, num_bins, convention, classwise):
         convention=convention,
         classwise=classwise,
     )
+    return (stats, *sums) if screen else stats
 
 
 def _from_confidences_impl(conf, correct, where, num_bins, convention):

@@ -32,14 +32,20 @@ def _per_class_equal_mass(probs, labels, valid, num_bins, rule):
     return count, sum_conf, sum_correct, n[0]
 
 
-def _class_stats(probs, labels, where, num_bins, binning, convention):
+def _class_stats(probs, labels, where, num_bins, binning, convention, screen):
+    """``((count, sum_conf, sum_correct, n), sums)``: ``sums`` the value
+    screen's row sums from the equal-width kernel's read of ``probs`` when
+    ``screen``, else None (equal-mass bins sort each class's column; their
+    screen stays the separate row reduction of ``_validate.probs_summary``)."""
     valid = _common.mask_or_ones(where, probs.shape[0])
     if binning == "equal_width":
-        s = _binned_stats.stats_from_batch(
-            probs, labels, where, num_bins, convention, True
+        out = _binned_stats.stats_from_batch(
+            probs, labels, where, num_bins, convention, True, screen
         )
-        return s.count, s.sum_conf, s.sum_correct, s.total
-    return _per_class_equal_mass(probs, labels, valid, num_bins, convention.equal_mass)
+        s, sums = out if screen else (out, None)
+        return (s.count, s.sum_conf, s.sum_correct, s.total), sums
+    stats = _per_class_equal_mass(probs, labels, valid, num_bins, convention.equal_mass)
+    return stats, None
 
 
 def _debiased_square(count, sum_conf, sum_correct, total):
@@ -59,19 +65,30 @@ def _debiased_square(count, sum_conf, sum_correct, total):
     return jnp.sum(jnp.where(keep, n_b * term, 0.0), axis=-1) / denom
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7))
-def _classwise_core(probs, labels, where, num_bins, binning, convention, p, mode):
-    count, sum_conf, sum_correct, n = _class_stats(
-        probs, labels, where, num_bins, binning, convention
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 8))
+def _classwise_core(
+    probs, labels, where, num_bins, binning, convention, p, mode, screen=False
+):
+    """The class-wise error; with ``screen`` also the row sums of the input
+    check's value screen (``None`` for equal-mass bins), see
+    ``_validate.evaluate(..., screened=True)``."""
+    (count, sum_conf, sum_correct, n), sums = _class_stats(
+        probs, labels, where, num_bins, binning, convention, screen
     )
     if mode == "debiased":
         per_class = jnp.maximum(_debiased_square(count, sum_conf, sum_correct, n), 0.0)
-        return jnp.sqrt(jnp.mean(per_class))
-    if mode == "marginal":
-        convention = _conventions.Convention(
-            name=convention.name, min_count=convention.min_count, l2_root="after_mean"
+        out = jnp.sqrt(jnp.mean(per_class))
+    else:
+        if mode == "marginal":
+            convention = _conventions.Convention(
+                name=convention.name,
+                min_count=convention.min_count,
+                l2_root="after_mean",
+            )
+        out = _binned_stats.classwise_error(
+            count, sum_conf, sum_correct, n, p, convention
         )
-    return _binned_stats.classwise_error(count, sum_conf, sum_correct, n, p, convention)
+    return (out, sums) if screen else out
 
 
 def _run(probs, labels, where, num_bins, binning, convention, p, mode):
@@ -84,7 +101,7 @@ def _run(probs, labels, where, num_bins, binning, convention, p, mode):
         probs, labels, where, values=False
     )
     return _validate.evaluate(
-        _classwise_core, probs, labels, where, m, binning, conv, p, mode
+        _classwise_core, probs, labels, where, m, binning, conv, p, mode, screened=True
     )
 
 

@@ -74,9 +74,9 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "metric_top_label": Family(
         "metrics._cpu_kernels.top_label",
-        "top label from one max-reduction over packed uint32 keys (K > 32 as"
-        " [N * K / g, g] blocks)",
-        tpu="plain",
+        "top label from one max-reduction over packed uint32 keys (on the CPU,"
+        " K > 32 as [N * K / g, g] blocks)",
+        tpu="tuned",
         gpu="plain",
     ),
     "sort_keys": Family(

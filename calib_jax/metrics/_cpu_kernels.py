@@ -74,17 +74,10 @@ def _packed_max(probs, labels, offset, screen):
     )
 
 
-def top_label(probs, labels, *, screen=False):
-    """Drop-in for ``_common.top_label_plain`` (float32): one max-reduction
-    over packed keys, wide rows in blocks of ``g`` classes.
-
-    For ``0 <= p < 2`` the float32 bit pattern is monotone and ``4 bits``
-    fits in 32 bits, so the largest key holds the confidence (``key >> 2``);
-    among the maximal entries the largest flag is 1 exactly when the label is
-    the first maximal class (``np.argmax``'s tie rule).
-    """
+def _top_label_blocks(probs, labels, screen, group):
+    """The packed-key max over ``[N * K / group, group]`` blocks, then the
+    block maxima (``group = K``: one reduction over the row)."""
     n, k = probs.shape
-    group = _group_size(k)
     blocks = k // group
     shape = (n, blocks)
     # Broadcasts (not repeat/tile) so XLA fuses them into the reduction.
@@ -98,6 +91,31 @@ def top_label(probs, labels, *, screen=False):
     key = jnp.max(key.reshape(shape), axis=1)
     out = (lax.bitcast_convert_type(key >> 2, jnp.float32), (key & 3) == 1)
     return (*out, sums) if screen else out
+
+
+def top_label(probs, labels, *, screen=False):
+    """Drop-in for ``_common.top_label_plain`` (float32): one max-reduction
+    over packed keys.
+
+    For ``0 <= p < 2`` the float32 bit pattern is monotone and ``4 bits``
+    fits in 32 bits, so the largest key holds the confidence (``key >> 2``);
+    among the maximal entries the largest flag is 1 exactly when the label is
+    the first maximal class (``np.argmax``'s tie rule). On the CPU, rows
+    wider than 32 classes are reduced in blocks of ``g`` classes first
+    (:func:`_group_size`); elsewhere (``lax.platform_dependent``) the row is
+    one reduction, as the blocks' reshape reads 16x the bytes on a TPU.
+    """
+    k = probs.shape[1]
+
+    def blocked(p, y):
+        return _top_label_blocks(p, y, screen, _group_size(k))
+
+    def whole(p, y):
+        return _top_label_blocks(p, y, screen, k)
+
+    if _group_size(k) == k:
+        return whole(probs, labels)
+    return lax.platform_dependent(probs, labels, cpu=blocked, default=whole)
 
 
 def sort_key(conf, flag, valid):

@@ -136,3 +136,35 @@ def test_forcing_a_family_changes_the_traced_program(family, k10):
         with kernels.use(mode, family):
             texts[mode] = str(jax.make_jaxpr(fn)(jnp.asarray(pp), jnp.asarray(pl)))
     assert texts["tuned"] != texts["plain"]
+
+
+@pytest.mark.parametrize("k", [10, 64, 1000])
+@pytest.mark.parametrize("screen", [False, True])
+def test_packed_top_label_whole_rows_equal_the_plain_form(k, screen):
+    """The off-CPU branch of the packed top label (one reduction over the
+    whole row, what a TPU runs) against ``top_label_plain``: probabilities
+    piled at exactly 1.0 and in [0.9999, 1), ties of the maximum before and
+    after the label."""
+    from calib_jax.metrics import _common, _cpu_kernels
+
+    rng = np.random.default_rng(k)
+    n = 512
+    top = rng.choice(
+        np.array([1.0, 0.99999994, 0.9999, 0.99995, 0.5], np.float32), size=n
+    )
+    rest = rng.random((n, k)).astype(np.float32) * (1.0 - top)[:, None] / k
+    col = rng.integers(0, k, n)
+    probs = rest.copy()
+    probs[np.arange(n), col] = top
+    twin = rng.integers(0, k, n)  # a second maximal class in a third of rows
+    tie = rng.random(n) < 0.33
+    probs[np.arange(n)[tie], twin[tie]] = top[tie]
+    labels = np.where(rng.random(n) < 0.5, col, twin).astype(np.int32)
+    p, y = jnp.asarray(probs), jnp.asarray(labels)
+    got = _cpu_kernels._top_label_blocks(p, y, screen, k)
+    want = _common.top_label_plain(p, y, screen=screen)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+    np.testing.assert_array_equal(np.asarray(got[1]), probs.argmax(1) == labels)
+    if screen:
+        np.testing.assert_allclose(np.asarray(got[2]), np.asarray(want[2]), rtol=1e-6)

@@ -91,10 +91,12 @@ def compile_cost(fn: Callable, specs, device) -> dict:
     """Compiles ``jit(fn)`` for ``device`` at ``specs`` ((shape, dtype) pairs).
 
     Returns:
-      ``{'ok', 'flops', 'bytes', 'seconds', 'loops', 'error'}``: XLA's cost
-      analysis of the compiled program (``seconds`` is its time estimate),
-      the number of while loops left in it, or ``ok=False`` with the first
-      line of the error.
+      ``{'ok', 'flops', 'bytes', 'seconds', 'loops', 'argument_bytes',
+      'error'}``: XLA's cost analysis of the compiled program (``seconds`` is
+      its time estimate), the number of while loops left in it, the bytes its
+      arguments occupy on the device (the memory analysis: the arrays in the
+      device's layout, padding included), or ``ok=False`` with the first line
+      of the error.
     """
     sharding = jax.sharding.SingleDeviceSharding(device)
     args = [jax.ShapeDtypeStruct(s, d, sharding=sharding) for s, d in specs]
@@ -113,6 +115,7 @@ def compile_cost(fn: Callable, specs, device) -> dict:
         "bytes": float(cost.get("bytes accessed", 0.0)),
         "seconds": float(cost.get("optimal_seconds", float("nan"))),
         "loops": compiled.as_text().count(" while("),
+        "argument_bytes": float(compiled.memory_analysis().argument_size_in_bytes),
         "error": "",
     }
 

@@ -150,7 +150,9 @@ def test_ties_rank_the_lower_class_index_first():
 
 
 def test_lam_zero_raps_is_aps_bit_for_bit():
-    probs, y, u = _case(k=20)
+    # K = 10 ranks by the CPU sorting network as K = 20 did (K <= 32), at a
+    # quarter of its compile time.
+    probs, y, u = _case(k=10)
     np.testing.assert_array_equal(
         conformal.raps_score(probs, y, u=u, lam=0.0, k_reg=4),
         conformal.aps_score(probs, y, u=u),

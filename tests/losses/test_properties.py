@@ -5,6 +5,11 @@ jit equals eager, ``where`` equals slicing, bf16 in gives finite float32 out,
 finite gradients at extreme logits and for all-correct / all-wrong batches,
 no retrace across batches of one shape. Batch-level cases also: invariance to
 permuting the batch and global-batch semantics on 8 sharded CPU devices.
+
+The case is a module-scoped parameter (by name), so pytest runs every property
+of one case in a row: under ``pytest -n`` they land on the same worker, and the
+loss's compiled executables (forward, masked gradient, sliced shapes) are built
+once per case rather than once per worker.
 """
 
 from __future__ import annotations
@@ -22,17 +27,25 @@ from cases_batch import CASES as BATCH_CASES
 from cases_pointwise import CASES as POINTWISE_CASES
 
 CASES = POINTWISE_CASES + BATCH_CASES
-ids = [c.name for c in CASES]
-BATCH_ONLY = [c for c in CASES if c.batch_level]
-DIFFERENTIABLE = [c for c in CASES if c.gradient_is_derivative]
+BY_NAME = {c.name: c for c in CASES}
+assert len(BY_NAME) == len(CASES)
+ALL = [c.name for c in CASES]
+BATCH_ONLY = [c.name for c in CASES if c.batch_level]
+DIFFERENTIABLE = [c.name for c in CASES if c.gradient_is_derivative]
+
+
+def _cases(names):
+    """Parametrizes ``name`` over ``names``, grouping the tests by case."""
+    return pytest.mark.parametrize("name", names, scope="module")
 
 
 def _call(case, logits, labels, **kw):
     return case.fn(logits, labels, **case.hparams, **kw)
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
-def test_value_matches_float64_reference(case):
+@_cases(ALL)
+def test_value_matches_float64_reference(name):
+    case = BY_NAME[name]
     logits, labels = random_batch(case)
     got = np.asarray(_call(case, logits, labels))
     want = np.asarray(
@@ -44,8 +57,9 @@ def test_value_matches_float64_reference(case):
 
 
 @pytest.mark.long  # every loss: about 40 s of make test's budget
-@pytest.mark.parametrize("case", DIFFERENTIABLE, ids=[c.name for c in DIFFERENTIABLE])
-def test_check_grads_order1(case):
+@_cases(DIFFERENTIABLE)
+def test_check_grads_order1(name):
+    case = BY_NAME[name]
     logits, labels = random_batch(case, seed=1)
     with jax.enable_x64(True):
         x = jnp.asarray(logits, jnp.float64)
@@ -62,16 +76,27 @@ def test_check_grads_order1(case):
         )
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
-def test_jit_equals_eager(case):
-    logits, labels = random_batch(case, seed=2)
-    eager = _call(case, logits, labels)
-    jitted = jax.jit(lambda x, y: _call(case, x, y))(logits, labels)
-    np.testing.assert_allclose(jitted, eager, rtol=1e-6, atol=1e-7)
+@_cases(ALL)
+def test_jit_equals_eager_with_one_trace(name):
+    # One jitted function over batches of one shape: equal to eager on each,
+    # traced (and compiled) once.
+    case = BY_NAME[name]
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def f(x, y):
+        return _call(case, x, y)
+
+    for seed in (2, 10, 11, 12):
+        logits, labels = random_batch(case, seed=seed)
+        eager = _call(case, logits, labels)
+        np.testing.assert_allclose(f(logits, labels), eager, rtol=1e-6, atol=1e-7)
+    chex.clear_trace_counter()
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
-def test_where_equals_slicing(case):
+@_cases(ALL)
+def test_where_equals_slicing(name):
+    case = BY_NAME[name]
     logits, labels = random_batch(case, seed=3)
     mask = np.random.default_rng(3).random(case.batch_size) < 0.6
     mask[:2] = True
@@ -87,8 +112,9 @@ def test_where_equals_slicing(case):
         np.testing.assert_array_equal(masked[~mask], 0.0)
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
-def test_where_masked_gradients_are_finite_and_zero(case):
+@_cases(ALL)
+def test_where_masked_gradients_are_finite_and_zero(name):
+    case = BY_NAME[name]
     logits, labels = random_batch(case, seed=4)
     mask = np.arange(case.batch_size) % 3 != 0
     dirty = logits.copy()
@@ -102,8 +128,9 @@ def test_where_masked_gradients_are_finite_and_zero(case):
     np.testing.assert_array_equal(g[~mask], 0.0)
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
-def test_bf16_input_gives_float32_output(case):
+@_cases(ALL)
+def test_bf16_input_gives_float32_output(name):
+    case = BY_NAME[name]
     logits, labels = random_batch(case, seed=5)
     low = jnp.asarray(logits, jnp.bfloat16)
     out = _call(case, low, labels)
@@ -122,8 +149,9 @@ def _grad_of_sum(case, logits, labels):
 
 @pytest.mark.long  # every loss: about 40 s of make test's budget
 @pytest.mark.parametrize("scale", [1e2, 1e4])
-@pytest.mark.parametrize("case", CASES, ids=ids)
-def test_finite_at_extreme_logits(case, scale):
+@_cases(ALL)
+def test_finite_at_extreme_logits(name, scale):
+    case = BY_NAME[name]
     logits, labels = random_batch(case, seed=6)
     big = np.sign(logits) * scale + logits  # magnitudes up to about +-scale
     out = np.asarray(_call(case, big, labels))
@@ -132,8 +160,9 @@ def test_finite_at_extreme_logits(case, scale):
 
 
 @pytest.mark.parametrize("correct", [True, False], ids=["all_correct", "all_wrong"])
-@pytest.mark.parametrize("case", CASES, ids=ids)
-def test_finite_on_all_correct_and_all_wrong(case, correct):
+@_cases(ALL)
+def test_finite_on_all_correct_and_all_wrong(name, correct):
+    case = BY_NAME[name]
     logits, _ = random_batch(case, seed=7)
     top = logits.argmax(axis=1)
     labels = top if correct else (top + 1) % case.num_classes
@@ -144,21 +173,9 @@ def test_finite_on_all_correct_and_all_wrong(case, correct):
         assert np.all(np.isfinite(_grad_of_sum(case, logits * scale, labels)))
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
-def test_no_retrace_across_batches_of_one_shape(case):
-    @jax.jit
-    @chex.assert_max_traces(n=1)
-    def f(x, y):
-        return _call(case, x, y)
-
-    for seed in range(3):
-        logits, labels = random_batch(case, seed=10 + seed)
-        f(logits, labels)
-    chex.clear_trace_counter()
-
-
-@pytest.mark.parametrize("case", BATCH_ONLY, ids=[c.name for c in BATCH_ONLY])
-def test_batch_level_invariant_to_permutation(case):
+@_cases(BATCH_ONLY)
+def test_batch_level_invariant_to_permutation(name):
+    case = BY_NAME[name]
     logits, labels = random_batch(case, seed=8)
     perm = np.random.default_rng(8).permutation(case.batch_size)
     a = _call(case, logits, labels)
@@ -166,8 +183,9 @@ def test_batch_level_invariant_to_permutation(case):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("case", BATCH_ONLY, ids=[c.name for c in BATCH_ONLY])
-def test_batch_level_global_semantics_on_8_devices(case):
+@_cases(BATCH_ONLY)
+def test_batch_level_global_semantics_on_8_devices(name):
+    case = BY_NAME[name]
     assert jax.device_count() == 8
     logits, labels = random_batch(case, seed=9)
     mesh = Mesh(np.array(jax.devices()), ("data",))

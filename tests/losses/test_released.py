@@ -108,18 +108,9 @@ def test_gradient_matches_float64_reference(name, batch):
     want = fd_grad(ref, x.astype(np.float64), y, **kw)
     scale = max(np.abs(want).max(), 1e-2)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6 * scale)
-
-
-def test_released_gradients_are_not_zero_on_random_batches():
-    """The gradient tests above compare something (not two zero arrays)."""
-    for name, (fn, _, kw) in CASES.items():
-        x, y = _batch_for(name, "random")
-
-        def loss(v, fn=fn, y=y, kw=kw):
-            return fn(v, y, variant="released_code", **kw)
-
-        g = jax.grad(loss)(x)
-        assert float(jnp.abs(g).max()) > 1e-4, name
+    if batch == "random":
+        # The comparison is of something (not two zero arrays).
+        assert np.abs(got).max() > 1e-4
 
 
 def test_au_pxtau_released_score_is_double_softmax():

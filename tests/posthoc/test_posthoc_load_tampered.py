@@ -19,19 +19,31 @@ from calib_jax import posthoc
 Z, Y = overconfident(200, 4, seed=0)
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """name -> (path, header, arrays) of a saved fit of each map used here."""
-    d = tmp_path_factory.mktemp("saved")
-    out = {}
-    for name in ("ts", "vector", "ets", "cts"):
-        path = d / f"{name}.npz"
+class _SavedFits(dict):
+    """name -> (path, header, arrays) of a saved fit on (Z, Y), made on first use.
+
+    Under ``pytest -n`` a worker fits (and compiles) only the maps of the
+    tests it runs.
+    """
+
+    def __init__(self, directory):
+        super().__init__()
+        self.directory = directory
+
+    def __missing__(self, name):
+        path = self.directory / f"{name}.npz"
         posthoc.fit(name, Z, Y).save(path)
         with np.load(path) as f:
             header = json.loads(str(f["__header__"]))
             arrays = {k: f[k] for k in f.files if k != "__header__"}
-        out[name] = (path, header, arrays)
-    return out
+        self[name] = (path, header, arrays)
+        return self[name]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """name -> (path, header, arrays) of a saved fit of each map used here."""
+    return _SavedFits(tmp_path_factory.mktemp("saved"))
 
 
 def _write(path, header, arrays, header_text=None):

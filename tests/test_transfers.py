@@ -204,5 +204,6 @@ def test_eager_errors_still_raise(monkeypatch):
     bad = p.at[5, 0].set(jnp.nan)
     with pytest.raises(ValueError, match="row 5"):
         metrics.ece(bad, y)
+    z, _, y = _probs(n=256, k=4, seed=1)  # the fit compiled for the TS test above
     with pytest.raises(ValueError, match="row 7"):
         posthoc.fit("ts", z.at[7, 1].set(jnp.inf), y)

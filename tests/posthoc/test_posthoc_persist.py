@@ -266,10 +266,11 @@ def _message_accuracy(text):
 def test_fused_fit_accuracy_is_the_argmax_accuracy_and_reused(monkeypatch):
     from calib_jax.posthoc import _validate
 
-    z, y = overconfident(3000, 10, seed=4, scale=5.0)
+    # [2000, 10] as the other fused-fit tests: one compiled fit for them all.
+    z, y = overconfident(2000, 10, seed=4, scale=5.0)
     shift = np.random.default_rng(1).integers(1, 10, len(y))
     y_bad = ((z.argmax(1) + shift) % 10).astype(np.int32)
-    y_bad[:150] = z[:150].argmax(1)  # accuracy 0.05 < 1/K
+    y_bad[:100] = z[:100].argmax(1)  # accuracy 0.05 < 1/K
     want = float(np.mean(z.argmax(1) == y_bad))
     calls = []
     real = _validate._accuracy
@@ -289,12 +290,12 @@ def test_fused_fit_accuracy_breaks_ties_at_the_first_maximum(monkeypatch):
     from calib_jax.posthoc import _validate
 
     rng = np.random.default_rng(2)
-    n, k = 1000, 10
+    n, k = 2000, 10
     z = rng.normal(size=(n, k)).astype(np.float32)
     y = z.argmax(1).astype(np.int32)
-    top = z[:950].max(1)
-    z[:950, 0] = z[:950, 9] = top  # the label 9 ties with the first maximum
-    y[:950] = 9
+    top = z[:1900].max(1)
+    z[:1900, 0] = z[:1900, 9] = top  # the label 9 ties with the first maximum
+    y[:1900] = 9
     want = float(np.mean(z.argmax(1) == y))
     assert want < 1.0 / k
     calls = []
@@ -313,7 +314,7 @@ def test_a_save_that_fails_midway_leaves_no_file(tmp_path, monkeypatch):
 
     from etils import epath
 
-    logits, labels = _data("ts", 0)
+    logits, labels = overconfident(200, 3, seed=0)  # the shape of the fits above
     cal = posthoc.fit("ts", logits, labels)
     path = tmp_path / "sub" / "ts.npz"
     real = epath.Path.write_bytes

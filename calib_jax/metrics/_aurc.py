@@ -21,35 +21,77 @@ OPTIMA = ("exact", "geifman")
 def _position_weights(n, size, dtype):
     r"""``alpha_j = (H_n - H_{j-1}) / n`` for 1-based positions ``j <= n``.
 
-    Written with the digamma function, :math:`H_n - H_{j-1} = \psi(n + 1) -
-    \psi(j)`, which avoids a long float32 cumulative sum.
+    Written as the harmonic gap :func:`_digamma_gap` ``(j - 1, n - j + 1)``,
+    which avoids a long float32 cumulative sum and the cancellation of
+    :math:`\psi(n + 1) - \psi(j)` for the least confident positions (whose
+    weight is about :math:`1/n^2`).
     """
     pos = lax.iota(jnp.int32, size) + 1
     nf = jnp.maximum(n, 1).astype(dtype)
-    alpha = (digamma(nf + 1.0) - digamma(pos.astype(dtype))) / nf
+    before = (pos - 1).astype(dtype)
+    alpha = _digamma_gap(before, jnp.maximum(nf - before, 0.0)) / nf
     return jnp.where(pos <= n, alpha, 0.0)
+
+
+def _series_terms(a, m):
+    """``(x, u, v, uv, s)`` of the asymptotic gap: ``x = a + 1``, ``u = 1/x``,
+    ``v = 1/(x + m)``, ``uv = m u v`` and ``s`` with ``S = u s`` the part of
+    :math:`H_{a+m} - H_a` beyond ``log1p(m u)``."""
+    x = a + 1.0
+    u, v = 1.0 / x, 1.0 / (x + m)
+    uv = m * u * v
+    s = m * v * (0.5 + (u + v) / 12.0 - (u + v) * (u * u + v * v) / 120.0)
+    return x, u, v, uv, s
 
 
 def _digamma_gap(a, m):
     r""":math:`\psi(a + m + 1) - \psi(a + 1) = H_{a+m} - H_a` for ``a >= 0``,
-    ``m >= 1`` (float), without the cancellation of two large digammas.
+    ``m >= 0`` (float), without the cancellation of two large digammas.
 
     From ``a + 1 >= 16`` the asymptotic series of :math:`\psi` to the
     :math:`x^{-4}` term, differenced in closed form with ``u = 1/(a+1)``,
     ``v = 1/(a+m+1)`` (remainder below ``1e-9`` relative); below it the two
-    digammas directly (their gap is at least ``1/17`` there).
+    digammas directly (their gap is at least ``1/17`` there, or 0).
     """
-    x = a + 1.0
-    u, v = 1.0 / x, 1.0 / (x + m)
-    uv = m * u * v
-    series = (
-        jnp.log1p(m * u)
-        + 0.5 * uv
-        + uv * (u + v) / 12.0
-        - uv * (u + v) * (u * u + v * v) / 120.0
-    )
+    x, u, _, _, s = _series_terms(a, m)
+    series = jnp.log1p(m * u) + u * s
     direct = digamma(x + m) - digamma(x)
     return jnp.where(x >= 16.0, series, direct)
+
+
+def _x_minus_log1p(r):
+    r""":math:`r - \ln(1 + r)` for ``r >= 0`` to float32 precision.
+
+    Up to ``r = 1`` the series in :math:`w = r/(2 + r)` (from
+    :math:`\ln(1 + r) = 2\,\mathrm{artanh}\,w`): :math:`2w^2/(1 - w) -
+    2\sum_{k \ge 1} w^{2k+1}/(2k+1)`, whose leading term dominates; above it
+    the difference itself (cancelling at most a factor 3.3).
+    """
+    w = r / (2.0 + r)
+    w2 = w * w
+    odd = 0.0
+    for k in range(9, 0, -1):
+        odd = 1.0 / (2 * k + 1) + w2 * odd
+    small = 2.0 * w2 / (1.0 - w) - 2.0 * w * w2 * odd
+    return jnp.where(r <= 1.0, small, r - jnp.log1p(r))
+
+
+def _mean_inner_gap(a, m):
+    r""":math:`T = \frac{1}{m}\sum_{s=1}^{m}\frac{s}{a+s} = 1 -
+    \frac{a}{m}(H_{a+m} - H_a)`, ``m >= 1``, without cancelling ``1`` against
+    the product for ``a >> m`` (where :math:`T \approx (m+1)/(2a)`).
+
+    With the series of :func:`_digamma_gap`, ``r = m u`` and ``a = 1/u - 1``:
+    :math:`mT = (r - \ln(1+r))/u + \ln(1+r) - (1-u)\,s`; below ``a + 1 = 16``
+    the digammas directly (:math:`T \ge 1/16` there); a group of one is
+    :math:`1/(a+1)` exactly.
+    """
+    x, u, _, _, s = _series_terms(a, m)
+    r = m * u
+    series = (_x_minus_log1p(r) / u + jnp.log1p(r) - (1.0 - u) * s) / m
+    direct = 1.0 - a / m * (digamma(x + m) - digamma(x))
+    out = jnp.where(x >= 16.0, series, direct)
+    return jnp.where(m == 1.0, u, out)
 
 
 def _group_weight(a, m, n):
@@ -57,17 +99,17 @@ def _group_weight(a, m, n):
     ``j = a + 1 .. a + m`` (a group of ``m`` tied confidences below ``a``
     others).
 
-    :math:`\sum_{j=1}^{b}\psi(j) = b\,\psi(b+1) - b` gives the mean
-    :math:`\bar\psi = \psi(b+1) - 1 + \frac{a}{m}(H_b - H_a)` with
-    :math:`b = a + m`, and the weight :math:`(\psi(n+1) - \bar\psi)/n`;
-    a group of one reads :math:`\psi(a+1)` itself, as
-    :func:`_position_weights`.
+    With :math:`b = a + m`, :math:`H_n - H_{j-1} = (H_n - H_b) + (H_b -
+    H_{j-1})` and the mean of the second part over the group is
+    :math:`T = \frac{1}{m}\sum_{t=a+1}^{b}\frac{t-a}{t}`
+    (:func:`_mean_inner_gap`): the weight is :math:`((H_n - H_b) + T)/n`, two
+    non-negative terms, each to float32 precision (a group of one reads
+    :math:`(H_n - H_a)/n`, as :func:`_position_weights`).
     """
     b = a + m
-    mean_psi = digamma(b + 1.0) - 1.0 + a / m * _digamma_gap(a, m)
-    mean_psi = jnp.where(m == 1.0, digamma(b), mean_psi)
     nf = jnp.maximum(n, 1).astype(a.dtype)
-    return (digamma(nf + 1.0) - mean_psi) / nf
+    tail = _digamma_gap(b, jnp.maximum(nf - b, 0.0))
+    return (tail + _mean_inner_gap(a, m)) / nf
 
 
 @jax.jit

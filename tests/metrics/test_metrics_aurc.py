@@ -69,3 +69,33 @@ def test_aurc_tie_groups_deep_in_the_ranking(pile):
     labels = np.where(conf == 0.5, 1, labels)  # a tie of both classes: argmax 0
     want = _aurc_by_groups(probs.max(axis=1), labels != 0)
     close(metrics.aurc(jnp.asarray(probs), labels), want, atol=1e-6, rtol=1e-5)
+
+
+def test_position_and_group_weights_hold_float32_precision_at_the_bottom():
+    """The least confident positions weigh about 1/n^2; their weights (and
+    the mean weight of a tie group there) keep float32 relative precision at
+    n = 10^6 rather than cancelling two digammas near ln n (which lost up to
+    1e-2 relative, and 1e-6 of the AURC of a 20k-row split)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from calib_jax.metrics import _aurc
+
+    n = 1_000_000
+    harmonic = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, n + 1))])
+    # (a, m): groups of m positions below a others, from the top to the bottom.
+    a = np.array([0, 0, 3, 15, 16, 40, 999, 5000, n - 300, n - 2, n - 1, n - 7])
+    m = np.array([1, 900, 2, 1, 7, 3, 1, 20_000, 300, 2, 1, 7])
+    want = np.array(
+        [np.mean(harmonic[n] - harmonic[aa : aa + mm]) / n for aa, mm in zip(a, m)]
+    )
+    group_weight = jax.jit(_aurc._group_weight, static_argnums=2)
+    got = group_weight(jnp.asarray(a, jnp.float32), jnp.asarray(m, jnp.float32), n)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-6)
+    weights = jax.jit(_aurc._position_weights, static_argnums=(1, 2))
+    alpha = np.asarray(weights(jnp.int32(n), n, jnp.float32), np.float64)
+    pos = np.array([1, 2, 17, 1000, n // 2, n - 1000, n - 1, n])
+    np.testing.assert_allclose(
+        alpha[pos - 1], (harmonic[n] - harmonic[pos - 1]) / n, rtol=1e-6
+    )

@@ -18,6 +18,7 @@ LAYERS = (
     "kernels",
     "storage",
     "progress",
+    "chunks",
     "losses",
     "metrics",
     "models",
@@ -330,6 +331,8 @@ METRIC_MODULE_IMPORTS = {
     "_risk_coverage": {"_common", "_validate"},
     "_smooth": {"_common", "_smooth_relplot", "_validate"},
     "_smooth_relplot": {"_common"},
+    # The streamed summary: the summary's own metrics, on chunks.
+    "_streamed": METRIC_SHARED | {"_binned_stats", "_summary"},
     # The sidecar imports no metric paper module.
     "_cpu_kernels": {"_conventions", "_kernels", "_order_statistics"},
 }

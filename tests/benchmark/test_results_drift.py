@@ -4,7 +4,8 @@
 minutes on 2 cores; the run is deterministic on the CPU) and compares it with
 ``tests/benchmark/expected/quick``: every field of every row of
 ``results.jsonl``, rows matched by :data:`KEYS` (not by line order), numbers
-within :data:`RTOL` relative or :data:`ATOL` absolute, everything else equal;
+within :data:`RTOL` relative (:data:`FIELD_RTOL` for the fields it names) or
+:data:`ATOL` absolute, everything else equal;
 and the verdict of every claim (``claims.json``). A row or claim added or
 missing is a difference too. The failure names the first :data:`SHOWN`
 differences (row, field, expected and new value) and their count.
@@ -40,6 +41,16 @@ RTOL = 1e-6
 # The floor for values near 0: rows hold float32 values, whose resolution is
 # over 1e-9 for any value above 1e-2.
 ATOL = 1e-9
+# Fields compared at a looser relative tolerance, with the reason. ``aurc``:
+# the kept values were computed with position weights that cancelled two
+# digammas near ln N in float32, up to 5.9e-6 relative off float64 (median
+# 1.2e-6; 648 digits logit sets of the quick run: 216 sets x 3 temperatures);
+# the weights now keep float32 precision (within 1.5e-7 of float64 on the same
+# sets), so the kept rows differ from the present code by the old error. The
+# rows come from the recording machine (``machine.json``), whose trained
+# models another CPU does not reproduce; once ``make update-expected`` has
+# run there, the entry goes.
+FIELD_RTOL = {"aurc": 2e-5}
 # Wall-clock fields left out of the comparison: the rows hold none (a cell's
 # seconds are printed, not written); a timing field added to the rows goes here.
 TIMING_FIELDS: frozenset[str] = frozenset()
@@ -60,13 +71,13 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _same(expected, got) -> bool:
+def _same(expected, got, rtol: float = RTOL) -> bool:
     if _number(expected) and _number(got):
         if math.isnan(expected) or math.isnan(got):
             return math.isnan(expected) and math.isnan(got)
         if math.isinf(expected) or math.isinf(got):  # a log score of p = 0
             return expected == got
-        return abs(got - expected) <= max(RTOL * abs(expected), ATOL)
+        return abs(got - expected) <= max(rtol * abs(expected), ATOL)
     return expected == got
 
 
@@ -91,7 +102,8 @@ def row_differences(expected: list[dict], got: list[dict]) -> list[str]:
         for field in dict.fromkeys([*a, *b]):
             if field in TIMING_FIELDS:
                 continue
-            if field not in a or field not in b or not _same(a[field], b[field]):
+            rtol = FIELD_RTOL.get(field, RTOL)
+            if field not in a or field not in b or not _same(a[field], b[field], rtol):
                 e, g = a.get(field, absent), b.get(field, absent)
                 out.append(f"row {key}, {field}: expected {e!r}, new {g!r}")
     return out
@@ -180,6 +192,15 @@ def test_a_move_within_tolerance_passes():
     rows = _expected_rows()
     got, _ = _moved(rows, 5, "nll", 1 + 5e-7)
     assert row_differences(rows, got) == []
+
+
+def test_a_field_tolerance_holds_for_its_field_only():
+    """``aurc`` moves by up to :data:`FIELD_RTOL` (the kept rows' float32
+    weight error); past it, or the same move of another field, is named."""
+    rows = _expected_rows()
+    assert row_differences(rows, _moved(rows, 5, "aurc", 1 + 1e-5)[0]) == []
+    assert len(row_differences(rows, _moved(rows, 5, "aurc", 1 + 4e-5)[0])) == 1
+    assert len(row_differences(rows, _moved(rows, 5, "brier", 1 + 1e-5)[0])) == 1
 
 
 def test_values_near_zero_use_the_absolute_floor():

@@ -253,7 +253,10 @@ def summary_of_chunks(
         tables, *out = chunk_step(
             tables, x, labels, valid, m, convention, bool(from_logits), classwise
         )
-        if pending is not None:  # the previous chunk's results, while this one runs
+        # The previous chunk's results, fetched while this one runs. The one
+        # fetch per chunk also keeps the host from reading chunks faster than
+        # the device consumes them (queued transfers would not be bounded).
+        if pending is not None:
             state.add(*pending)
         pending = (chunk, x, valid, out, bool(from_logits))
     state.add(*pending)

@@ -204,3 +204,37 @@ def test_logits_read_as_probs_and_bad_arguments(tmp_path):
         summary_of_chunks(iter([]), names=("ecee",))
     with pytest.raises(ValueError, match="K = 1 class"):
         summary_of_chunks(iter([(np.ones((3, 1)), np.zeros(3, int))]))
+
+
+@pytest.mark.long
+def test_large_label_space_bf16_npy_shards(tmp_path):
+    """K = 50,257 (a GPT-2 vocabulary) in bf16 .npy shards, chunks of 128 rows
+    cut across 3 shards, against the in-memory summary of the same softmax
+    and float64 NumPy for the sums."""
+    n, k = 600, 50257
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=(n, k)).astype(np.float32)
+    top = rng.integers(0, k, n)
+    z[np.arange(n), top] += rng.choice([4.0, 12.0, 30.0], n)
+    labels = np.where(rng.random(n) < 0.7, top, rng.integers(0, k, n))
+    x = z.astype(ml_dtypes.bfloat16)
+    for i, (a, b) in enumerate([(0, 250), (250, 251), (251, n)]):
+        np.save(tmp_path / f"v-{i}.npy", x[a:b])
+        np.save(tmp_path / f"v-{i}.labels.npy", labels[a:b])
+    out = summary_of_chunks(
+        str(tmp_path / "v-*.npy"), from_logits=True, chunk_rows=128, progress_bar=False
+    )
+    probs = jax.nn.softmax(jnp.asarray(x.astype(np.float32)), axis=-1)
+    ref = metrics.summary(probs, labels)
+    assert float(out["accuracy"]) == float(ref["accuracy"])
+    for key in ("ece", "ks_error", "nll", "brier", "classwise_ece"):
+        np.testing.assert_allclose(float(out[key]), float(ref[key]), rtol=1e-5)
+    for key in ("ece_l2_em", "adaptive_ece", "aurc"):  # see the bf16 test above
+        np.testing.assert_allclose(float(out[key]), float(ref[key]), rtol=5e-3)
+    # float64 softmax of the bf16 values
+    p = np.exp(x.astype(np.float64) - x.astype(np.float64).max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p_label = p[np.arange(n), labels]
+    np.testing.assert_allclose(float(out["nll"]), -np.mean(np.log(p_label)), rtol=1e-5)
+    brier = np.mean(np.sum(p * p, axis=1) - 2 * p_label + 1)
+    np.testing.assert_allclose(float(out["brier"]), brier, rtol=1e-5)

@@ -226,3 +226,19 @@ def test_npz_without_the_key_and_an_empty_source(tmp_path):
     )
     with pytest.raises(ValueError, match="^the source holds no rows"):
         list(chunks.ChunkSource(iter([]), progress_bar=False))
+
+
+def test_missing_shard_other_suffix_and_other_source(tmp_path):
+    with pytest.raises(ValueError) as err:
+        chunks.ChunkSource([str(tmp_path / "gone.npz")])
+    assert _one_line(err) == f"shard {str(tmp_path / 'gone.npz')!r} does not exist."
+    (tmp_path / "a.csv").write_text("0.5,0.5\n")
+    with pytest.raises(ValueError) as err:
+        chunks.ChunkSource(str(tmp_path / "a.*"))
+    assert _one_line(err).startswith(
+        f"shard {str(tmp_path / 'a.csv')!r} is neither .npz nor .npy"
+    )
+    with pytest.raises(ValueError, match="^source must be an iterable of"):
+        chunks.ChunkSource(42)
+    with pytest.raises(ValueError, match="^chunk_rows must be a positive int"):
+        chunks.ChunkSource([], chunk_rows=0)

@@ -54,21 +54,21 @@ def _row_sums(probs, labels, valid):
 
 
 @functools.partial(jax.jit, static_argnums=(4, 5, 6, 7))
-def chunk_step(tables, x, labels, valid, num_bins, convention, from_logits, classwise):
+def chunk_step(stats, x, labels, valid, num_bins, convention, from_logits, classwise):
     """The statistics of one chunk (pure; compiled once per chunk shape).
 
     Args:
-      tables: the running class-wise ``(count, sum_conf, sum_correct)``,
-        each ``[K, S]`` (``()`` without ``classwise``).
+      stats: the running class-wise :class:`~calib_jax.metrics.BinnedStats`
+        (``[K, S]`` tables; ``None`` without ``classwise``).
       x: float ``[R, K]`` logits or probabilities.
       labels: int32 ``[R]``.
       valid: bool ``[R]``; False on the padding rows of the last chunk.
       num_bins, convention: static, of the class-wise bins.
       from_logits: static; ``x`` are logits (softmax here, per chunk).
-      classwise: static; accumulate the class-wise tables.
+      classwise: static; accumulate the class-wise statistics.
 
     Returns:
-      ``(tables, rows, sums, checks)``: the tables with this chunk's added;
+      ``(stats, rows, sums, checks)``: ``stats`` merged with this chunk's;
       ``rows = (conf float32 [R], correct bool [R])``; ``sums = (nll, brier)``
       float32 sums over the chunk's included rows; ``checks = (count, first)``
       of included rows that fail the value checks (logits: NaN/inf; probabilities:
@@ -92,13 +92,12 @@ def chunk_step(tables, x, labels, valid, num_bins, convention, from_logits, clas
         bad = valid & ~(jnp.abs(screened - 1.0) <= margin)
     sums = _row_sums(probs, labels, valid)
     if classwise:
-        stats = _binned_stats.stats_from_batch(
+        part = _binned_stats.stats_from_batch(
             probs, labels, valid, num_bins, convention, True
         )
-        part = (stats.count, stats.sum_conf, stats.sum_correct)
-        tables = tuple(a + b for a, b in zip(tables, part))
+        stats = stats.merge(part)
     checks = (jnp.sum(bad.astype(jnp.int32)), jnp.argmax(bad))
-    return tables, (conf.astype(jnp.float32), correct), sums, checks
+    return stats, (conf.astype(jnp.float32), correct), sums, checks
 
 
 @jax.jit
@@ -237,7 +236,7 @@ def summary_of_chunks(
     )
     classwise = "classwise_ece" in names
     state = _State()
-    rows = tables = pending = None
+    rows = stats = pending = None
     for chunk in source:
         if rows is None:
             rows, k = chunk.x.shape
@@ -246,12 +245,13 @@ def summary_of_chunks(
                     f"{chunk.where(0)}: the scores have K = {k} class(es); a "
                     "metric needs K >= 2 classes."
                 )
-            slots = _conventions.num_slots(convention, m)
-            zeros = jnp.zeros((k, slots), jnp.int32)
-            tables = (zeros, zeros.astype(jnp.float32), zeros) if classwise else ()
+            if classwise:
+                stats = _binned_stats.BinnedStats.empty(
+                    m, convention=convention, num_classes=k
+                )
         x, labels, valid = _padded(chunk, rows)
-        tables, *out = chunk_step(
-            tables, x, labels, valid, m, convention, bool(from_logits), classwise
+        stats, *out = chunk_step(
+            stats, x, labels, valid, m, convention, bool(from_logits), classwise
         )
         # The previous chunk's results, fetched while this one runs. The one
         # fetch per chunk also keeps the host from reading chunks faster than
@@ -260,7 +260,7 @@ def summary_of_chunks(
             state.add(*pending)
         pending = (chunk, x, valid, out, bool(from_logits))
     state.add(*pending)
-    return state.values(names, m, convention, tables)
+    return state.values(names, m, stats)
 
 
 def _padded(chunk, rows):
@@ -295,7 +295,7 @@ class _State:
         self.brier += float(sums[1])
         self.total += n
 
-    def values(self, names, num_bins, convention, tables) -> dict[str, jax.Array]:
+    def values(self, names, num_bins, stats) -> dict[str, jax.Array]:
         out = {}
         on_rows = tuple(k for k in names if k in ROW_METRICS)
         if on_rows:
@@ -304,9 +304,6 @@ class _State:
         n = max(self.total, 1)
         out["nll"] = jnp.asarray(self.nll / n, jnp.float32)
         out["brier"] = jnp.asarray(self.brier / n, jnp.float32)
-        if tables:
-            count, sum_conf, sum_correct = tables
-            out["classwise_ece"] = _binned_stats.classwise_error(
-                count, sum_conf, sum_correct, jnp.int32(self.total), 1.0, convention
-            )
+        if stats is not None:  # the class mean of Def. A.1 (classwise_ece)
+            out["classwise_ece"] = _binned_stats.stats_error(stats, 1.0)
         return {k: out[k] for k in names}

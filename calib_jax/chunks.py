@@ -234,10 +234,6 @@ def _open_npy(path: epath.Path, what: str) -> _Shard:
     return _Shard(path, what, header.shape[0], header.shape[1], dtype, labels_path)
 
 
-def _has_magic(text: str) -> bool:
-    return _glob.has_magic(text)
-
-
 def shard_paths(source: str | os.PathLike | Sequence) -> list[epath.Path]:
     """The shard paths of a glob string, one path or a list of paths, in order.
 
@@ -248,12 +244,13 @@ def shard_paths(source: str | os.PathLike | Sequence) -> list[epath.Path]:
       ValueError: a glob that matches nothing, a path that does not exist,
         or a file that is neither ``.npy`` nor ``.npz``.
     """
-    if isinstance(source, (str, os.PathLike)) and _has_magic(os.fspath(source)):
+    if isinstance(source, (str, os.PathLike)) and _glob.has_magic(os.fspath(source)):
         text = os.fspath(source)
         head, pattern = [], []
         for part in text.split("/"):
-            (pattern if pattern or _has_magic(part) else head).append(part)
-        root = storage.as_path("/".join(head) or ".", what="shards")
+            (pattern if pattern or _glob.has_magic(part) else head).append(part)
+        root_text = "/".join(head) or ("/" if text.startswith("/") else ".")
+        root = storage.as_path(root_text, what="shards")
         storage.check_reachable(root, what="shards")
         found = sorted(
             (

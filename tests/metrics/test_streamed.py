@@ -10,6 +10,10 @@ relative rounding into up to ~1e-6 of the value (1e-5 here).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -238,3 +242,53 @@ def test_large_label_space_bf16_npy_shards(tmp_path):
     np.testing.assert_allclose(float(out["nll"]), -np.mean(np.log(p_label)), rtol=1e-5)
     brier = np.mean(np.sum(p * p, axis=1) - 2 * p_label + 1)
     np.testing.assert_allclose(float(out["brier"]), brier, rtol=1e-5)
+
+
+# Compiles the chunk step on the small shards, resets the peak resident
+# memory (VmHWM, /proc/self/clear_refs), runs on argv[2]'s shards and prints
+# the new peak. Class-wise ECE, NLL and Brier only: no program compiled for
+# the row count.
+_PEAK = """
+import sys
+from calib_jax.metrics._streamed import summary_of_chunks
+run = lambda p: summary_of_chunks(p, from_logits=True, chunk_rows=256,
+    names=("classwise_ece", "nll", "brier"), progress_bar=False)
+run(sys.argv[1])
+open("/proc/self/clear_refs", "w").write("5")
+out = run(sys.argv[2])
+assert all(float(v) == float(v) for v in out.values())  # no NaN
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print(int(status["VmHWM"].split()[0]) * 1024)
+"""
+
+
+def _peak_bytes(warm, pattern) -> int:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", CALIB_JAX_PROGRESS="0")
+    run = subprocess.run(
+        [sys.executable, "-c", _PEAK, warm, pattern],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(run.stdout.split()[-1])
+
+
+@pytest.mark.long
+def test_peak_memory_does_not_grow_with_the_shards(tmp_path):
+    """8x the rows in shards 8x as large (33 MB -> 268 MB of bf16 logits) add
+    less than a quarter of the extra bytes to the peak resident memory of the
+    run: the shards are read a chunk (256 rows, 8 MB) at a time."""
+    k = 16384
+    rng = np.random.default_rng(0)
+    for name, n in (("small", 1024), ("large", 8192)):
+        (tmp_path / name).mkdir()
+        for i in range(2):
+            z = rng.normal(size=(n // 2, k)).astype(ml_dtypes.bfloat16)
+            np.save(tmp_path / name / f"l-{i}.npy", z)
+            np.save(tmp_path / name / f"l-{i}.labels.npy", rng.integers(0, k, n // 2))
+    small_glob = str(tmp_path / "small" / "l-*.npy")
+    small = _peak_bytes(small_glob, small_glob)
+    large = _peak_bytes(small_glob, str(tmp_path / "large" / "l-*.npy"))
+    extra_data = (8192 - 1024) * k * 2
+    assert large - small < extra_data / 4, (small, large)

@@ -164,9 +164,9 @@ def _npz_member_header(archive: zipfile.ZipFile, key: str, what: str):
     with archive.open(f"{key}.npy") as member:
         version = np.lib.format.read_magic(member)
         if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
+            shape, _, dtype = np.lib.format.read_array_header_1_0(member)
         elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
+            shape, _, dtype = np.lib.format.read_array_header_2_0(member)
         else:
             raise ValueError(f"{what}: array {key!r} has .npy version {version}.")
     return tuple(int(n) for n in shape), dtype
@@ -337,7 +337,8 @@ class ChunkSource:
         if isinstance(chunk_rows, bool) or not isinstance(
             chunk_rows, (int, np.integer)
         ):
-            raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}.")
+            # A ValueError as for every other bad option (_checks.check_num_bins).
+            raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}.")  # noqa: TRY004
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows}.")
         if key is not None and key not in KEYS:

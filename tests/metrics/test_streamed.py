@@ -10,6 +10,7 @@ relative rounding into up to ~1e-6 of the value (1e-5 here).
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -76,7 +77,7 @@ def _assert_equal(out, ref, probs=PROBS):
 
 
 def _pieces(x):
-    return [(x[a:b], LABELS[a:b]) for a, b in zip(CUTS[:-1], CUTS[1:])]
+    return [(x[a:b], LABELS[a:b]) for a, b in itertools.pairwise(CUTS)]
 
 
 def test_iterator_of_probs_pairs(expected):
@@ -98,7 +99,7 @@ def test_glob_of_npz_shards(tmp_path, expected):
 
 def _write_npy_shards(directory, x, stem):
     paths = []
-    for i, (a, b) in enumerate(zip(CUTS[:-1], CUTS[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(CUTS)):
         paths.append(str(directory / f"{stem}-{i}.npy"))
         np.save(paths[-1], x[a:b])
         np.save(str(directory / f"{stem}-{i}.labels.npy"), LABELS[a:b])

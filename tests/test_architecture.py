@@ -320,16 +320,19 @@ def test_loss_modules_import_only_the_bases_and_their_listed_modules():
 # sidecar, and the modules its metric builds on.
 METRIC_SHARED = {"_common", "_conventions", "_validate"}
 METRIC_MODULE_IMPORTS = {
-    "_adaptive": METRIC_SHARED | {"_cpu_kernels"},
-    "_aurc": {"_common", "_validate"},
+    "_adaptive": METRIC_SHARED | {"_cpu_kernels", "_inputs"},
+    "_aurc": {"_common", "_inputs", "_validate"},
     "_binned_stats": METRIC_SHARED | {"_cpu_kernels", "_kernels"},
-    "_classwise": METRIC_SHARED | {"_adaptive", "_binned_stats", "_ece", "_kernels"},
+    "_classwise": METRIC_SHARED
+    | {"_adaptive", "_binned_stats", "_ece", "_inputs", "_kernels"},
     "_common": {"_cpu_kernels"},
-    "_ece": METRIC_SHARED | {"_adaptive", "_binned_stats", "_kernels"},
+    "_ece": METRIC_SHARED | {"_adaptive", "_binned_stats", "_inputs", "_kernels"},
+    # The input forms (logits, top-label rows) of every metric.
+    "_inputs": {"_common", "_validate"},
     "_ood": {"_common", "_cpu_kernels", "_validate"},
     "_order_statistics": {"_conventions"},
-    "_risk_coverage": {"_common", "_validate"},
-    "_smooth": {"_common", "_smooth_relplot", "_validate"},
+    "_risk_coverage": {"_common", "_inputs", "_validate"},
+    "_smooth": {"_common", "_inputs", "_smooth_relplot", "_validate"},
     "_smooth_relplot": {"_common"},
     # The streamed summary: the summary's own metrics, on chunks.
     "_streamed": METRIC_SHARED | {"_binned_stats", "_summary"},

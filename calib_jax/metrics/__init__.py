@@ -3,11 +3,16 @@
 Every metric is ``calib_jax.metrics.<name>(probs, labels, *, <options>,
 where=None)`` and returns a float32 scalar ``jax.Array`` (``ood_auroc``,
 ``ood_aupr`` and ``fpr_at_95_tpr`` take ``(scores_in, scores_out)`` instead). ``probs`` are
-``[N, K]`` rows on the probability simplex; logits are rejected with a hint
-to apply ``jax.nn.softmax``. Called eagerly on concrete arrays the functions
-validate values (NaN/inf, simplex, label range, empty input) and raise
-``ValueError``; inside ``jax.jit`` they skip the value checks and run the
-same jittable core.
+``[N, K]`` rows on the probability simplex. With ``from_logits=True`` every
+metric takes ``[N, K]`` logits (bf16, fp16 or float32) instead and computes
+what it needs (log-sum-exp, top-label confidence and correctness, the label's
+probability) from row reductions, without a float32 softmax of the whole
+array; the top-label metrics also take :class:`TopLabelRows` ``(confidence,
+correct)`` with ``labels=None``, from :func:`top_label_rows` per shard or
+chunk (``docs/metrics.md``, "Logits and top-label rows in"). Called eagerly
+on concrete arrays the functions validate values (NaN/inf, simplex, label
+range, empty input) and raise ``ValueError``; inside ``jax.jit`` they skip
+the value checks and run the same jittable core.
 
 Per-row OOD scores from logits (``max_softmax_score``, ``max_logit_score``,
 ``energy_score``, ``entropy_score``, ``mutual_information_score`` of member
@@ -40,6 +45,7 @@ from calib_jax.metrics._classwise import classwise_ece, debiased_ece, marginal_e
 from calib_jax.metrics._conventions import PRESETS, Convention, get_convention
 from calib_jax.metrics._decomposition import Decomposition, corp_decomposition
 from calib_jax.metrics._ece import ece, mce, reliability_bins, rmsce
+from calib_jax.metrics._inputs import TopLabelRows, top_label_rows
 from calib_jax.metrics._ks_sweep import ks_error, sweep_ece
 from calib_jax.metrics._multilabel import multilabel_ece
 from calib_jax.metrics._multilabel_stats import MultilabelStats
@@ -118,6 +124,7 @@ __all__ = [
     "Decomposition",
     "MultilabelStats",
     "SpiegelhalterStats",
+    "TopLabelRows",
     "accuracy",
     "adaptive_ece",
     "augrc",
@@ -158,4 +165,5 @@ __all__ = [
     "summary",
     "summary_functions",
     "sweep_ece",
+    "top_label_rows",
 ]

@@ -42,7 +42,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import _checks, kernels
-from calib_jax.metrics import _common, _conventions, _cpu_kernels, _validate
+from calib_jax.metrics import (
+    _common,
+    _conventions,
+    _cpu_kernels,
+    _inputs,
+    _validate,
+)
 
 
 def _first_of_tie(s: jax.Array) -> jax.Array:
@@ -161,12 +167,29 @@ def rank_stats(conf, correct, valid, *, num_bins):
     return count, sum_conf.astype(jnp.float32), sum_correct, n
 
 
-def equal_mass_error(probs, labels, where, num_bins, convention, p, screen=False):
-    """Top-label binned error with the convention's equal-mass bins (traceable).
+def equal_mass_rows_error(conf, correct, valid, num_bins, convention, p):
+    """Top-label binned error of rows ``(conf, correct)`` with the
+    convention's equal-mass bins (traceable).
 
     From ``2**15`` rows on, the ``'rank'`` rule goes through
     :func:`rank_stats` (on the CPU a radix select instead of the sort). Float64
     reference: ``ece(..., binning='mass')`` in ``tests/_reference_metrics.py``.
+    """
+    if convention.equal_mass == "rank" and conf.shape[0] >= SELECT_MIN_ROWS:
+        count, sum_conf, sum_correct, n = rank_stats(
+            conf, correct, valid, num_bins=num_bins
+        )
+    else:
+        count, sum_conf, sum_correct, n, _, _ = equal_mass_stats(
+            conf, correct, valid, num_bins, convention.equal_mass
+        )
+    return _common.binned_error(
+        count, sum_conf, sum_correct, n, p=p, min_count=convention.min_count
+    )
+
+
+def equal_mass_error(probs, labels, where, num_bins, convention, p, screen=False):
+    """:func:`equal_mass_rows_error` of the top-label rows of ``probs``.
 
     With ``screen``, returns ``(error, sums)``: also the row sums of the input
     check's value screen, from the same read of ``probs``
@@ -177,21 +200,19 @@ def equal_mass_error(probs, labels, where, num_bins, convention, p, screen=False
     else:
         conf, correct = _common.top_label(probs, labels)
     valid = _common.mask_or_ones(where, conf.shape[0])
-    if convention.equal_mass == "rank" and conf.shape[0] >= SELECT_MIN_ROWS:
-        count, sum_conf, sum_correct, n = rank_stats(
-            conf, correct, valid, num_bins=num_bins
-        )
-    else:
-        count, sum_conf, sum_correct, n, _, _ = equal_mass_stats(
-            conf, correct, valid, num_bins, convention.equal_mass
-        )
-    out = _common.binned_error(
-        count, sum_conf, sum_correct, n, p=p, min_count=convention.min_count
-    )
+    out = equal_mass_rows_error(conf, correct, valid, num_bins, convention, p)
     return (out, sums) if screen else out
 
 
 _adaptive_core = jax.jit(equal_mass_error, static_argnums=(3, 4, 5, 6))
+
+
+def _adaptive_rows(conf, correct, where, num_bins, convention, p):
+    valid = _common.mask_or_ones(where, conf.shape[0])
+    return equal_mass_rows_error(conf, correct, valid, num_bins, convention, p)
+
+
+_adaptive_rows_core = jax.jit(_adaptive_rows, static_argnums=(3, 4, 5))
 
 
 def adaptive_ece(
@@ -202,6 +223,7 @@ def adaptive_ece(
     p: float = 1,
     convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Top-label ECE with equal-mass bins (adaptive ECE; sort-based).
 
@@ -217,12 +239,17 @@ def adaptive_ece(
     docstring of ``calib_jax.metrics._adaptive``.
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
-      labels: int ``[N]`` class ids in ``[0, K)``.
+      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
+        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
+        ``(confidence, correct)`` with ``labels=None``.
+      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       num_bins: static int ``M >= 1``.
       p: 1 (ECE) or 2 (root of the weighted mean squared gap).
       convention: preset name or :class:`~calib_jax.metrics.Convention`.
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32), read without a softmax of the whole array (``docs/metrics.md``,
+        "Logits and top-label rows in").
 
     Returns:
       float32 scalar.
@@ -247,6 +274,12 @@ def adaptive_ece(
     m = _checks.check_num_bins(num_bins)
     p = _validate.check_p(p)
     check_equal_mass(conv)
+    rows = _inputs.top_label_input(
+        probs, labels, where, from_logits=from_logits, metric="adaptive_ece"
+    )
+    if rows is not None:
+        (conf, correct), where = rows
+        return _adaptive_rows_core(conf, correct, where, m, conv, p)
     probs, labels, where = _validate.check_probs_labels(
         probs, labels, where, values=False
     )

@@ -13,7 +13,7 @@ from jax import lax
 from jax.scipy.special import digamma
 
 from calib_jax import _checks
-from calib_jax.metrics import _common, _validate
+from calib_jax.metrics import _common, _inputs, _validate
 
 OPTIMA = ("exact", "geifman")
 
@@ -112,9 +112,8 @@ def _group_weight(a, m, n):
     return (tail + _mean_inner_gap(a, m)) / nf
 
 
-@jax.jit
-def _aurc_core(probs, labels, where):
-    conf, correct = _common.top_label(probs, labels)
+def _aurc_rows(conf, correct, where):
+    """``(aurc, alpha, errors, n)`` of top-label rows (traceable)."""
     size = conf.shape[0]
     valid = _common.mask_or_ones(where, size)
     n = jnp.sum(valid.astype(jnp.int32))
@@ -144,11 +143,20 @@ def _aurc_core(probs, labels, where):
     return aurc, alpha, jnp.sum(jnp.where(i < n, err, 0)), n
 
 
+@jax.jit
+def _aurc_core(probs, labels, where):
+    return _aurc_rows(*_common.top_label(probs, labels), where)
+
+
+_aurc_rows_core = jax.jit(_aurc_rows)
+
+
 def aurc(
     probs: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
     *,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Area under the risk-coverage curve of the top-label confidence.
 
@@ -166,9 +174,14 @@ def aurc(
     does not depend on the row order.
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
-      labels: int ``[N]`` class ids in ``[0, K)``.
+      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
+        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
+        ``(confidence, correct)`` with ``labels=None``.
+      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32), read without a softmax of the whole array (``docs/metrics.md``,
+        "Logits and top-label rows in").
 
     Returns:
       float32 scalar in [0, 1].
@@ -187,13 +200,18 @@ def aurc(
       >>> print(f"{float(metrics.aurc(probs, labels)):.4f}")
       0.1458
     """
+    rows = _inputs.top_label_input(
+        probs, labels, where, from_logits=from_logits, metric="aurc"
+    )
+    if rows is not None:
+        (conf, correct), where = rows
+        return _aurc_rows_core(conf, correct, where)[0]
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)
     return _aurc_core(probs, labels, where)[0]
 
 
-@functools.partial(jax.jit, static_argnums=(3,))
-def _eaurc_core(probs, labels, where, optimum):
-    value, alpha, errors, n = _aurc_core(probs, labels, where)
+def _eaurc_rows(conf, correct, where, optimum):
+    value, alpha, errors, n = _aurc_rows(conf, correct, where)
     if optimum == "exact":
         pos = lax.iota(jnp.int32, alpha.shape[0])
         best = jnp.sum(jnp.where(pos >= n - errors, alpha, 0.0))
@@ -204,12 +222,21 @@ def _eaurc_core(probs, labels, where, optimum):
     return value - best
 
 
+@functools.partial(jax.jit, static_argnums=(3,))
+def _eaurc_core(probs, labels, where, optimum):
+    return _eaurc_rows(*_common.top_label(probs, labels), where, optimum)
+
+
+_eaurc_rows_core = jax.jit(_eaurc_rows, static_argnums=(3,))
+
+
 def eaurc(
     probs: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
     *,
     optimum: str = "exact",
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Excess AURC: AURC minus the AURC of an oracle ranking.
 
@@ -226,10 +253,15 @@ def eaurc(
     :math:`\hat r = m/N`, which differs by :math:`O(\log N / N)`.
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
-      labels: int ``[N]`` class ids in ``[0, K)``.
+      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
+        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
+        ``(confidence, correct)`` with ``labels=None``.
+      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       optimum: ``'exact'`` or ``'geifman'``.
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32), read without a softmax of the whole array (``docs/metrics.md``,
+        "Logits and top-label rows in").
 
     Returns:
       float32 scalar.
@@ -247,5 +279,11 @@ def eaurc(
       0.0833
     """
     _checks.check_choice("optimum", optimum, OPTIMA)
+    rows = _inputs.top_label_input(
+        probs, labels, where, from_logits=from_logits, metric="eaurc"
+    )
+    if rows is not None:
+        (conf, correct), where = rows
+        return _eaurc_rows_core(conf, correct, where, optimum)
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)
     return _eaurc_core(probs, labels, where, optimum)

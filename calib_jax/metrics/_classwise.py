@@ -13,6 +13,7 @@ from calib_jax.metrics import (
     _binned_stats,
     _common,
     _conventions,
+    _inputs,
     _kernels,
     _validate,
 )
@@ -91,12 +92,26 @@ def _classwise_core(
     return (out, sums) if screen else out
 
 
-def _run(probs, labels, where, num_bins, binning, convention, p, mode):
+def _classwise_logits(logits, labels, where, *static):
+    """The class-wise error of logits: the softmax inside the compiled call
+    (XLA fuses it into the per-class binning)."""
+    return _classwise_core(_inputs.softmax(logits), labels, where, *static)
+
+
+def _run(probs, labels, where, num_bins, binning, convention, p, mode, from_logits):
     conv = _conventions.get_convention(convention)
     m = _checks.check_num_bins(num_bins)
     _checks.check_choice("binning", binning, BINNINGS)
     if binning == "equal_mass":
         _adaptive.check_equal_mass(conv)
+    name = "classwise_ece" if mode == "classwise" else "marginal_ece"
+    logits = _inputs.logits_input(
+        probs, labels, where, from_logits=from_logits, metric=name
+    )
+    if logits is not None:
+        return _inputs.evaluate(
+            _classwise_logits, _inputs.LOGITS, *logits, m, binning, conv, p, mode
+        )
     probs, labels, where = _validate.check_probs_labels(
         probs, labels, where, values=False
     )
@@ -114,6 +129,7 @@ def classwise_ece(
     p: float = 1,
     convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Class-wise ECE: the class average of per-class binned errors.
 
@@ -134,13 +150,17 @@ def classwise_ece(
     sort each class's probabilities.
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
+      probs: float ``[N, K]`` rows on the probability simplex, or ``[N, K]``
+        logits with ``from_logits`` (not top-label rows: this metric needs
+        every class).
       labels: int ``[N]`` class ids in ``[0, K)``.
       num_bins: static int ``M >= 1`` (per class).
       binning: ``'equal_width'`` or ``'equal_mass'``.
       p: 1 or 2.
       convention: preset name or :class:`~calib_jax.metrics.Convention`.
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32; ``docs/metrics.md``, "Logits and top-label rows in").
 
     Returns:
       float32 scalar.
@@ -158,7 +178,9 @@ def classwise_ece(
       0.300
     """
     p = _validate.check_p(p)
-    return _run(probs, labels, where, num_bins, binning, convention, p, "classwise")
+    return _run(
+        probs, labels, where, num_bins, binning, convention, p, "classwise", from_logits
+    )
 
 
 def marginal_ece(
@@ -171,6 +193,7 @@ def marginal_ece(
     debias: bool = False,
     convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Marginal calibration error of Kumar et al. (2019), l2 by default.
 
@@ -187,7 +210,9 @@ def marginal_ece(
     at 0, before the mean.
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
+      probs: float ``[N, K]`` rows on the probability simplex, or ``[N, K]``
+        logits with ``from_logits`` (not top-label rows: this metric needs
+        every class).
       labels: int ``[N]`` class ids in ``[0, K)``.
       num_bins: static int ``M >= 1`` (per class).
       binning: ``'equal_mass'`` (default) or ``'equal_width'``.
@@ -195,6 +220,8 @@ def marginal_ece(
       debias: static bool, debiased l2 estimate.
       convention: preset name or :class:`~calib_jax.metrics.Convention`.
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32; ``docs/metrics.md``, "Logits and top-label rows in").
 
     Returns:
       float32 scalar.
@@ -215,12 +242,12 @@ def marginal_ece(
     if debias and p != 2:
         raise ValueError("debias=True needs p=2 (the debiased estimate is l2).")
     mode = "debiased" if debias else "marginal"
-    return _run(probs, labels, where, num_bins, binning, convention, p, mode)
+    return _run(
+        probs, labels, where, num_bins, binning, convention, p, mode, from_logits
+    )
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5))
-def _debiased_core(probs, labels, where, num_bins, binning, convention):
-    conf, correct = _common.top_label(probs, labels)
+def _debiased_rows(conf, correct, where, num_bins, binning, convention):
     valid = _common.mask_or_ones(where, conf.shape[0])
     if binning == "equal_width":
         bins = _conventions.bin_index(conf, num_bins, convention)
@@ -237,6 +264,10 @@ def _debiased_core(probs, labels, where, num_bins, binning, convention):
     return jnp.sqrt(jnp.maximum(square, 0.0))
 
 
+_debiased_core = jax.jit(_inputs.on_probs(_debiased_rows), static_argnums=(3, 4, 5))
+_debiased_rows_core = jax.jit(_debiased_rows, static_argnums=(3, 4, 5))
+
+
 def debiased_ece(
     probs: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
@@ -245,6 +276,7 @@ def debiased_ece(
     binning: str = "equal_mass",
     convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Debiased top-label l2 calibration error (Kumar et al. 2019).
 
@@ -260,12 +292,17 @@ def debiased_ece(
     sample contribute nothing.
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
-      labels: int ``[N]`` class ids in ``[0, K)``.
+      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
+        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
+        ``(confidence, correct)`` with ``labels=None``.
+      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       num_bins: static int ``M >= 1``.
       binning: ``'equal_mass'`` (default, as [1]) or ``'equal_width'``.
       convention: preset name or :class:`~calib_jax.metrics.Convention`.
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32), read without a softmax of the whole array (``docs/metrics.md``,
+        "Logits and top-label rows in").
 
     Returns:
       float32 scalar.
@@ -287,5 +324,11 @@ def debiased_ece(
     _checks.check_choice("binning", binning, BINNINGS)
     if binning == "equal_mass":
         _adaptive.check_equal_mass(conv)
+    rows = _inputs.top_label_input(
+        probs, labels, where, from_logits=from_logits, metric="debiased_ece"
+    )
+    if rows is not None:
+        (conf, correct), where = rows
+        return _debiased_rows_core(conf, correct, where, m, binning, conv)
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)
     return _debiased_core(probs, labels, where, m, binning, conv)

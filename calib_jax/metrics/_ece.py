@@ -13,6 +13,7 @@ from calib_jax.metrics import (
     _binned_stats,
     _common,
     _conventions,
+    _inputs,
     _kernels,
     _validate,
 )
@@ -29,6 +30,49 @@ def _options(num_bins, binning, convention):
     return m, conv
 
 
+def _rows_stats(conf, correct, valid, num_bins, convention):
+    """Top-label :class:`BinnedStats` of rows (as ``stats_from_batch``)."""
+    bins = _conventions.bin_index(conf, num_bins, convention)
+    slots = _conventions.num_slots(convention, num_bins)
+    count, sum_conf, n_correct = _kernels.accumulate_top_label(
+        conf, correct, bins, valid, slots
+    )
+    return _binned_stats.BinnedStats(
+        count=count,
+        sum_conf=sum_conf,
+        sum_correct=n_correct,
+        total=jnp.sum(valid.astype(jnp.int32)),
+        num_bins=num_bins,
+        convention=convention,
+        classwise=False,
+    )
+
+
+def _fast_path(binning, convention, p):
+    """Whether the ECE needs only ``sum(conf - correct)`` per bin."""
+    return binning == "equal_width" and p == 1 and convention.min_count == 1
+
+
+def _rows_error(conf, correct, where, num_bins, binning, convention, p):
+    """The top-label binned error of rows ``(conf, correct)`` (traceable)."""
+    valid = _common.mask_or_ones(where, conf.shape[0])
+    if _fast_path(binning, convention, p):
+        bins = _conventions.bin_index(conf, num_bins, convention)
+        slots = _conventions.num_slots(convention, num_bins)
+        gaps = _kernels.gap_sums_top_label(conf, correct, bins, valid, slots)
+        n = jnp.maximum(jnp.sum(valid.astype(jnp.int32)), 1).astype(gaps.dtype)
+        return jnp.sum(jnp.abs(gaps)) / n
+    if binning == "equal_width":
+        stats = _rows_stats(conf, correct, valid, num_bins, convention)
+        return _binned_stats.stats_error(stats, p)
+    return _adaptive.equal_mass_rows_error(
+        conf, correct, valid, num_bins, convention, p
+    )
+
+
+_rows_core = jax.jit(_rows_error, static_argnums=(3, 4, 5, 6))
+
+
 @functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7))
 def _top_label_core(
     probs, labels, where, num_bins, binning, convention, p, screen=False
@@ -37,34 +81,27 @@ def _top_label_core(
     input check's value screen (``None`` where the path does not read
     ``probs`` through :func:`_common.top_label` itself)."""
     sums = None
-    if binning == "equal_width" and p == 1 and convention.min_count == 1:
-        # Fast path: the ECE only needs sum(conf - correct) per bin.
-        if screen:
-            conf, correct, sums = _common.top_label(probs, labels, screen=True)
-        else:
-            conf, correct = _common.top_label(probs, labels)
-        valid = _common.mask_or_ones(where, conf.shape[0])
-        bins = _conventions.bin_index(conf, num_bins, convention)
-        slots = _conventions.num_slots(convention, num_bins)
-        gaps = _kernels.gap_sums_top_label(conf, correct, bins, valid, slots)
-        n = jnp.maximum(jnp.sum(valid.astype(jnp.int32)), 1).astype(gaps.dtype)
-        out = jnp.sum(jnp.abs(gaps)) / n
-    elif binning == "equal_width":
-        stats = _binned_stats.stats_from_batch(
-            probs, labels, where, num_bins, convention, False
-        )
-        out = _binned_stats.stats_error(stats, p)
+    if binning == "equal_width" and not _fast_path(binning, convention, p):
+        # As BinnedStats.from_batch: no screen from this read.
+        conf, correct = _common.top_label(probs, labels)
+    elif screen:
+        conf, correct, sums = _common.top_label(probs, labels, screen=True)
     else:
-        out = _adaptive.equal_mass_error(
-            probs, labels, where, num_bins, convention, p, screen
-        )
-        if screen:
-            out, sums = out
+        conf, correct = _common.top_label(probs, labels)
+    out = _rows_error(conf, correct, where, num_bins, binning, convention, p)
     return (out, sums) if screen else out
 
 
-def _top_label_error(probs, labels, where, num_bins, binning, convention, p):
+def _top_label_error(
+    probs, labels, where, num_bins, binning, convention, p, from_logits, metric
+):
     m, conv = _options(num_bins, binning, convention)
+    rows = _inputs.top_label_input(
+        probs, labels, where, from_logits=from_logits, metric=metric
+    )
+    if rows is not None:
+        (conf, correct), where = rows
+        return _rows_core(conf, correct, where, m, binning, conv, p)
     probs, labels, where = _validate.check_probs_labels(
         probs, labels, where, values=False
     )
@@ -82,6 +119,7 @@ def ece(
     p: float = 1,
     convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Expected calibration error of the top-label confidence (binned).
 
@@ -109,8 +147,10 @@ def ece(
     'equal_mass'`` sorts the confidences (see :func:`adaptive_ece`).
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex (not logits).
-      labels: int ``[N]`` class ids in ``[0, K)``.
+      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
+        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
+        ``(confidence, correct)`` with ``labels=None``.
+      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       num_bins: static int ``M >= 1``.
       binning: ``'equal_width'`` or ``'equal_mass'``.
       p: 1 or 2.
@@ -118,6 +158,9 @@ def ece(
         ``'netcal'``, ``'focal_calibration'``, ``'robustness_metrics'``) or a
         :class:`~calib_jax.metrics.Convention`.
       where: optional bool ``[N]``; ``False`` rows (padding) are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32), read without a softmax of the whole array (``docs/metrics.md``,
+        "Logits and top-label rows in").
 
     Returns:
       float32 scalar; global-batch value under a data-sharded ``jax.jit``.
@@ -137,7 +180,9 @@ def ece(
       0.150
     """
     p = _validate.check_p(p)
-    return _top_label_error(probs, labels, where, num_bins, binning, convention, p)
+    return _top_label_error(
+        probs, labels, where, num_bins, binning, convention, p, from_logits, "ece"
+    )
 
 
 def rmsce(
@@ -148,6 +193,7 @@ def rmsce(
     binning: str = "equal_width",
     convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Root-mean-square calibration error, ``ece(..., p=2)``.
 
@@ -170,7 +216,9 @@ def rmsce(
       >>> print(f"{float(metrics.rmsce(probs, labels, num_bins=5)):.3f}")
       0.150
     """
-    return _top_label_error(probs, labels, where, num_bins, binning, convention, 2.0)
+    return _top_label_error(
+        probs, labels, where, num_bins, binning, convention, 2.0, from_logits, "rmsce"
+    )
 
 
 def mce(
@@ -181,6 +229,7 @@ def mce(
     binning: str = "equal_width",
     convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Maximum calibration error: the largest gap over non-empty bins.
 
@@ -207,19 +256,22 @@ def mce(
       0.150
     """
     return _top_label_error(
-        probs, labels, where, num_bins, binning, convention, float("inf")
+        probs,
+        labels,
+        where,
+        num_bins,
+        binning,
+        convention,
+        float("inf"),
+        from_logits,
+        "mce",
     )
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5))
-def _reliability_core(probs, labels, where, num_bins, binning, convention):
-    if binning == "equal_width":
-        stats = _binned_stats.stats_from_batch(
-            probs, labels, where, num_bins, convention, False
-        )
-        return stats.reliability()
-    conf, correct = _common.top_label(probs, labels)
+def _reliability_rows(conf, correct, where, num_bins, binning, convention):
     valid = _common.mask_or_ones(where, conf.shape[0])
+    if binning == "equal_width":
+        return _rows_stats(conf, correct, valid, num_bins, convention).reliability()
     count, sum_conf, sum_correct, _, lower, upper = _adaptive.equal_mass_stats(
         conf, correct, valid, num_bins, convention.equal_mass
     )
@@ -233,6 +285,15 @@ def _reliability_core(probs, labels, where, num_bins, binning, convention):
     }
 
 
+_reliability_rows_core = jax.jit(_reliability_rows, static_argnums=(3, 4, 5))
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _reliability_core(probs, labels, where, num_bins, binning, convention):
+    conf, correct = _common.top_label(probs, labels)
+    return _reliability_rows(conf, correct, where, num_bins, binning, convention)
+
+
 def reliability_bins(
     probs: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
@@ -241,6 +302,7 @@ def reliability_bins(
     binning: str = "equal_width",
     convention: str | _conventions.Convention = _conventions.DEFAULT,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> dict[str, jax.Array]:
     r"""Per-bin data of a reliability diagram.
 
@@ -268,5 +330,11 @@ def reliability_bins(
       [0, 0, 0, 2, 2] [0.0, 0.0, 0.0, 0.5, 1.0]
     """
     m, conv = _options(num_bins, binning, convention)
+    rows = _inputs.top_label_input(
+        probs, labels, where, from_logits=from_logits, metric="reliability_bins"
+    )
+    if rows is not None:
+        (conf, correct), where = rows
+        return _reliability_rows_core(conf, correct, where, m, binning, conv)
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)
     return _reliability_core(probs, labels, where, m, binning, conv)

@@ -6,18 +6,15 @@ once, then call them).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import _checks
-from calib_jax.metrics import _common, _validate
+from calib_jax.metrics import _common, _inputs, _validate
 
 
-def _sorted_top_label(probs, labels, where):
-    conf, correct = _common.top_label(probs, labels)
+def _sorted_top_label(conf, correct, where):
     valid = _common.mask_or_ones(where, conf.shape[0])
     n = jnp.sum(valid.astype(jnp.int32))
     s, a = _common.sorted_by_confidence(conf, correct, valid)
@@ -25,9 +22,8 @@ def _sorted_top_label(probs, labels, where):
     return s, a, n
 
 
-@jax.jit
-def _ks_core(probs, labels, where):
-    s, a, n = _sorted_top_label(probs, labels, where)
+def _ks_rows(conf, correct, where):
+    s, a, n = _sorted_top_label(conf, correct, where)
     size = s.shape[0]
     r = lax.iota(jnp.int32, size)
     included = r < n
@@ -39,11 +35,16 @@ def _ks_core(probs, labels, where):
     return jnp.max(jnp.where(at, jnp.abs(diff), 0.0)) / jnp.maximum(n, 1)
 
 
+_ks_core = jax.jit(_inputs.on_probs(_ks_rows))
+_ks_rows_core = jax.jit(_ks_rows)
+
+
 def ks_error(
     probs: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
     *,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Kolmogorov-Smirnov calibration error of the top label (binning-free).
 
@@ -60,9 +61,14 @@ def ks_error(
     is independent of the row order.
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
-      labels: int ``[N]`` class ids in ``[0, K)``.
+      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
+        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
+        ``(confidence, correct)`` with ``labels=None``.
+      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32), read without a softmax of the whole array (``docs/metrics.md``,
+        "Logits and top-label rows in").
 
     Returns:
       float32 scalar in [0, 1].
@@ -79,15 +85,20 @@ def ks_error(
       >>> print(f"{float(metrics.ks_error(probs, labels)):.3f}")
       0.100
     """
+    rows = _inputs.top_label_input(
+        probs, labels, where, from_logits=from_logits, metric="ks_error"
+    )
+    if rows is not None:
+        (conf, correct), where = rows
+        return _ks_rows_core(conf, correct, where)
     probs, labels, where = _validate.check_probs_labels(
         probs, labels, where, values=False
     )
     return _validate.evaluate(_ks_core, probs, labels, where)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4))
-def _sweep_core(probs, labels, where, p, max_bins):
-    s, a, n = _sorted_top_label(probs, labels, where)
+def _sweep_rows(conf, correct, where, p, max_bins):
+    s, a, n = _sorted_top_label(conf, correct, where)
     size = s.shape[0]
     r = lax.iota(jnp.int32, size)
     included = r < n
@@ -143,6 +154,10 @@ def _sweep_core(probs, labels, where, p, max_bins):
     return jnp.sqrt(jnp.sum(gap_sum * gap_sum / jnp.maximum(c, 1.0)) / denom)
 
 
+_sweep_core = jax.jit(_inputs.on_probs(_sweep_rows), static_argnums=(3, 4))
+_sweep_rows_core = jax.jit(_sweep_rows, static_argnums=(3, 4))
+
+
 def sweep_ece(
     probs: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
@@ -150,6 +165,7 @@ def sweep_ece(
     p: float = 1,
     max_bins: int | None = None,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Monotonic-sweep ECE of Roelofs et al. (2022), equal-mass bins.
 
@@ -170,12 +186,17 @@ def sweep_ece(
     ignored by the monotonicity check).
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
-      labels: int ``[N]`` class ids in ``[0, K)``.
+      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
+        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
+        ``(confidence, correct)`` with ``labels=None``.
+      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       p: 1 or 2.
       max_bins: static upper bound of the sweep (default ``N``); the cost is
         ``O(b^* * max_bins)`` after the sort.
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32), read without a softmax of the whole array (``docs/metrics.md``,
+        "Logits and top-label rows in").
 
     Returns:
       float32 scalar.
@@ -193,9 +214,18 @@ def sweep_ece(
       0.150
     """
     p = _validate.check_p(p)
+    limit = None if max_bins is None else _checks.check_num_bins(max_bins)
+    rows = _inputs.top_label_input(
+        probs, labels, where, from_logits=from_logits, metric="sweep_ece"
+    )
+    if rows is not None:
+        (conf, correct), where = rows
+        size = conf.shape[0]
+        bins = size if limit is None else min(limit, size)
+        return _sweep_rows_core(conf, correct, where, p, bins)
     probs, labels, where = _validate.check_probs_labels(
         probs, labels, where, values=False
     )
     size = probs.shape[0]
-    limit = size if max_bins is None else _checks.check_num_bins(max_bins)
+    limit = size if limit is None else limit
     return _validate.evaluate(_sweep_core, probs, labels, where, p, min(limit, size))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from calib_jax.metrics import _common, _validate
+from calib_jax.metrics import _common, _inputs, _validate
 
 
 def _masked_mean(values, where):
@@ -34,9 +34,21 @@ def _nll_core(probs, labels, where):
 
 
 @jax.jit
-def _accuracy_core(probs, labels, where):
-    _, correct = _common.top_label(probs, labels)
+def _brier_logits_core(logits, labels, where):
+    return _masked_mean(_inputs.brier_rows(logits, labels), where)
+
+
+@jax.jit
+def _nll_logits_core(logits, labels, where):
+    return _masked_mean(-_inputs.label_log_prob(logits, labels), where)
+
+
+def _accuracy_rows(conf, correct, where):
     return _masked_mean(correct.astype(jnp.float32), where)
+
+
+_accuracy_core = jax.jit(_inputs.on_probs(_accuracy_rows))
+_accuracy_rows_core = jax.jit(_accuracy_rows)
 
 
 def brier(
@@ -44,6 +56,7 @@ def brier(
     labels: jax.typing.ArrayLike,
     *,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Multi-class Brier score: mean squared distance to the one-hot label.
 
@@ -53,12 +66,19 @@ def brier(
         = \frac{1}{N}\sum_i \Big(\sum_k p_{ik}^2 - 2 p_{iy_i} + 1\Big),
 
     Def. A.2 (Eq. (19)) of [1]; summed over classes (range [0, 2]), not
-    divided by ``K``.
+    divided by ``K``. From logits (``from_logits=True``) the row reductions
+    :math:`\sum_k p_{ik}^2 = \sum_k e^{2(z_{ik} - m_i)} / s_i^2` and
+    :math:`p_{iy_i} = e^{z_{iy_i} - m_i} / s_i`, :math:`s_i = \sum_k
+    e^{z_{ik} - m_i}`, with no ``[N, K]`` array kept.
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
+      probs: float ``[N, K]`` rows on the probability simplex, or ``[N, K]``
+        logits with ``from_logits`` (not top-label rows: this metric needs
+        every class).
       labels: int ``[N]`` class ids in ``[0, K)``.
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32; ``docs/metrics.md``, "Logits and top-label rows in").
 
     Returns:
       float32 scalar.
@@ -75,6 +95,11 @@ def brier(
       >>> print(f"{float(metrics.brier(probs, labels)):.3f}")
       0.350
     """
+    logits = _inputs.logits_input(
+        probs, labels, where, from_logits=from_logits, metric="brier"
+    )
+    if logits is not None:
+        return _inputs.evaluate(_brier_logits_core, _inputs.LOGITS, *logits)
     probs, labels, where = _validate.check_probs_labels(
         probs, labels, where, values=False
     )
@@ -86,6 +111,7 @@ def nll(
     labels: jax.typing.ArrayLike,
     *,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Negative log-likelihood of the labels, mean over samples.
 
@@ -97,10 +123,22 @@ def nll(
     float32), so a zero label probability gives a large finite value
     (about 87.3) instead of inf.
 
+    From logits (``from_logits=True``) each row is
+    :math:`\mathrm{LSE}(z_i) - z_{iy_i} = (m_i - z_{iy_i}) + \log\sum_k
+    e^{z_{ik} - m_i}`, :math:`m_i = \max_k z_{ik}`: it equals the value of
+    probabilities in (``jax.nn.softmax``) within float32 rounding (1e-6
+    relative in tests), except where the softmax underflows (a label logit
+    more than about 87 below the row's maximum), where probabilities in
+    clamp at 87.3 and logits in stay exact and finite.
+
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
+      probs: float ``[N, K]`` rows on the probability simplex, or ``[N, K]``
+        logits with ``from_logits`` (not top-label rows: this metric needs
+        every class).
       labels: int ``[N]`` class ids in ``[0, K)``.
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32; ``docs/metrics.md``, "Logits and top-label rows in").
 
     Returns:
       float32 scalar.
@@ -117,6 +155,11 @@ def nll(
       >>> print(f"{float(metrics.nll(probs, labels)):.3f}")
       0.511
     """
+    logits = _inputs.logits_input(
+        probs, labels, where, from_logits=from_logits, metric="nll"
+    )
+    if logits is not None:
+        return _inputs.evaluate(_nll_logits_core, _inputs.LOGITS, *logits)
     probs, labels, where = _validate.check_probs_labels(
         probs, labels, where, values=False
     )
@@ -128,6 +171,7 @@ def accuracy(
     labels: jax.typing.ArrayLike,
     *,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Top-1 accuracy: fraction of samples whose label is the argmax class.
 
@@ -140,9 +184,14 @@ def accuracy(
     every top-label metric here.
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
-      labels: int ``[N]`` class ids in ``[0, K)``.
+      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
+        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
+        ``(confidence, correct)`` with ``labels=None``.
+      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32), read without a softmax of the whole array (``docs/metrics.md``,
+        "Logits and top-label rows in").
 
     Returns:
       float32 scalar.
@@ -155,6 +204,12 @@ def accuracy(
       >>> print(f"{float(metrics.accuracy(probs, labels)):.3f}")
       0.750
     """
+    rows = _inputs.top_label_input(
+        probs, labels, where, from_logits=from_logits, metric="accuracy"
+    )
+    if rows is not None:
+        (conf, correct), where = rows
+        return _accuracy_rows_core(conf, correct, where)
     probs, labels, where = _validate.check_probs_labels(
         probs, labels, where, values=False
     )

@@ -28,14 +28,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import _checks
-from calib_jax.metrics import _common, _validate
+from calib_jax.metrics import _common, _inputs, _validate
 
 # A selective risk within this of the target counts as meeting it (float32
 # round-off of E_k / k; see coverage_at_risk).
 RISK_TOLERANCE = 1e-6
 
 
-def _ranked(probs, labels, where):
+def _ranked(conf, correct, where):
     """Errors in order of decreasing confidence and their tie groups.
 
     Returns ``(err, n, start, before, group_err, group_len)``, every array
@@ -43,7 +43,6 @@ def _ranked(probs, labels, where):
     0-based position of the row's tie group, ``before`` the errors ahead of
     the group, ``group_err`` / ``group_len`` the group's errors and size.
     """
-    conf, correct = _common.top_label(probs, labels)
     size = conf.shape[0]
     valid = _common.mask_or_ones(where, size)
     n = jnp.sum(valid.astype(jnp.int32))
@@ -68,9 +67,8 @@ def _expected_errors(start, before, group_err, group_len, k):
     return before.astype(jnp.float32) + (k - start).astype(jnp.float32) * ratio
 
 
-@jax.jit
-def _augrc_core(probs, labels, where):
-    err, n, start, _, _, group_len = _ranked(probs, labels, where)
+def _augrc_rows(conf, correct, where):
+    err, n, start, _, _, group_len = _ranked(conf, correct, where)
     nf = jnp.maximum(n, 1).astype(jnp.float32)
     # Weight of 1-based position j: (N - j + 1/2) / N^2 (trapezoid rule on the
     # generalized risk-coverage curve). Tied rows share the mean position of
@@ -80,11 +78,16 @@ def _augrc_core(probs, labels, where):
     return jnp.sum(jnp.where(err > 0, weight, 0.0))
 
 
+_augrc_core = jax.jit(_inputs.on_probs(_augrc_rows))
+_augrc_rows_core = jax.jit(_augrc_rows)
+
+
 def augrc(
     probs: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
     *,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Area under the generalized risk-coverage curve of the top-label confidence.
 
@@ -114,9 +117,14 @@ def augrc(
     thresholds, which is the same). Lower is better; range [0, 1/2].
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
-      labels: int ``[N]`` class ids in ``[0, K)``.
+      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
+        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
+        ``(confidence, correct)`` with ``labels=None``.
+      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32), read without a softmax of the whole array (``docs/metrics.md``,
+        "Logits and top-label rows in").
 
     Returns:
       float32 scalar in [0, 0.5].
@@ -136,6 +144,12 @@ def augrc(
       >>> print(f"{float(metrics.augrc(probs, labels)):.4f}")
       0.0938
     """
+    rows = _inputs.top_label_input(
+        probs, labels, where, from_logits=from_logits, metric="augrc"
+    )
+    if rows is not None:
+        (conf, correct), where = rows
+        return _augrc_rows_core(conf, correct, where)
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)
     return _augrc_core(probs, labels, where)
 
@@ -155,9 +169,8 @@ def _fraction(name, value, *, allow_zero):
     return fractions.Fraction(x).limit_denominator(10_000)
 
 
-@jax.jit
-def _risk_at_coverage_core(probs, labels, where, num, den):
-    _, n, start, before, group_err, group_len = _ranked(probs, labels, where)
+def _risk_at_coverage_rows(conf, correct, where, num, den):
+    _, n, start, before, group_err, group_len = _ranked(conf, correct, where)
     # k = ceil(n * num / den) in int32 without overflow; 1 <= k <= n.
     q, r = n // den, n % den
     k = jnp.clip(q * num + (r * num + den - 1) // den, 1, jnp.maximum(n, 1))
@@ -166,12 +179,17 @@ def _risk_at_coverage_core(probs, labels, where, num, den):
     return e_k / k.astype(jnp.float32)
 
 
+_risk_at_coverage_core = jax.jit(_inputs.on_probs(_risk_at_coverage_rows))
+_risk_at_coverage_rows_core = jax.jit(_risk_at_coverage_rows)
+
+
 def risk_at_coverage(
     probs: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
     *,
     coverage: float,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Selective risk (error rate) of the most confident fraction ``coverage``.
 
@@ -185,13 +203,18 @@ def risk_at_coverage(
     ``1 - accuracy``.
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
-      labels: int ``[N]`` class ids in ``[0, K)``.
+      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
+        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
+        ``(confidence, correct)`` with ``labels=None``.
+      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       coverage: fraction in (0, 1], a Python number (read as the nearest fraction with
         denominator <= 10**4, so :math:`k` is an exact integer ceiling);
         coverage 0 is rejected, the risk of an empty selection is undefined.
       where: optional bool ``[N]``; ``False`` rows are excluded (``N`` counts
         the included rows).
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32), read without a softmax of the whole array (``docs/metrics.md``,
+        "Logits and top-label rows in").
 
     Returns:
       float32 scalar in [0, 1].
@@ -210,14 +233,19 @@ def risk_at_coverage(
       0.0000
     """
     frac = _fraction("coverage", coverage, allow_zero=False)
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
     num, den = jnp.int32(frac.numerator), jnp.int32(frac.denominator)
+    rows = _inputs.top_label_input(
+        probs, labels, where, from_logits=from_logits, metric="risk_at_coverage"
+    )
+    if rows is not None:
+        (conf, correct), where = rows
+        return _risk_at_coverage_rows_core(conf, correct, where, num, den)
+    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
     return _risk_at_coverage_core(probs, labels, where, num, den)
 
 
-@jax.jit
-def _coverage_at_risk_core(probs, labels, where, risk):
-    err, n, start, before, group_err, group_len = _ranked(probs, labels, where)
+def _coverage_at_risk_rows(conf, correct, where, risk):
+    err, n, start, before, group_err, group_len = _ranked(conf, correct, where)
     size = err.shape[0]
     k = lax.iota(jnp.int32, size) + 1
     e_k = _expected_errors(start, before, group_err, group_len, k)
@@ -226,12 +254,17 @@ def _coverage_at_risk_core(probs, labels, where, risk):
     return best.astype(jnp.float32) / jnp.maximum(n, 1).astype(jnp.float32)
 
 
+_coverage_at_risk_core = jax.jit(_inputs.on_probs(_coverage_at_risk_rows))
+_coverage_at_risk_rows_core = jax.jit(_coverage_at_risk_rows)
+
+
 def coverage_at_risk(
     probs: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
     *,
     risk: float,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Largest coverage whose selective risk is at most ``risk``.
 
@@ -252,11 +285,16 @@ def coverage_at_risk(
     round-off of :math:`E_k / k`).
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
-      labels: int ``[N]`` class ids in ``[0, K)``.
+      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
+        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
+        ``(confidence, correct)`` with ``labels=None``.
+      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       risk: target selective risk in [0, 1] (traceable; checked when
         concrete); ``risk=1`` gives coverage 1.
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32), read without a softmax of the whole array (``docs/metrics.md``,
+        "Logits and top-label rows in").
 
     Returns:
       float32 scalar in [0, 1].
@@ -279,5 +317,11 @@ def coverage_at_risk(
         raise ValueError(f"risk must be a scalar in [0, 1], got shape {r.shape}.")
     if _checks.is_concrete(r):
         _fraction("risk", float(r), allow_zero=True)
+    rows = _inputs.top_label_input(
+        probs, labels, where, from_logits=from_logits, metric="coverage_at_risk"
+    )
+    if rows is not None:
+        (conf, correct), where = rows
+        return _coverage_at_risk_rows_core(conf, correct, where, r.astype(jnp.float32))
     probs, labels, where = _validate.check_probs_labels(probs, labels, where)
     return _coverage_at_risk_core(probs, labels, where, r.astype(jnp.float32))

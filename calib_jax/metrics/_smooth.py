@@ -38,7 +38,7 @@ import numpy as np
 from jax import lax
 
 from calib_jax import _checks
-from calib_jax.metrics import _common, _smooth_relplot, _validate
+from calib_jax.metrics import _common, _inputs, _smooth_relplot, _validate
 
 TARGETS = ("top_label", "binary")
 CONVENTIONS = ("exact", "relplot")
@@ -58,8 +58,8 @@ _DENSITY_FLOOR = 1e-5
 
 
 def _check_options(target, num_points, k):
-    _checks.check_choice("target", target, TARGETS)
-    if target == "binary" and k != 2:
+    """``num_points`` as int; ``k`` is None for top-label rows."""
+    if target == "binary" and k is not None and k != 2:
         raise ValueError(
             f"target='binary' needs K = 2 classes (the probability of class 1); "
             f"got K = {k}. Use target='top_label' for K > 2."
@@ -144,7 +144,7 @@ def _fixed_point(spectrum, num_points):
     return hi
 
 
-def _inputs(probs, labels, where, target, num_points, channels):
+def _grid_spectrum(probs, labels, where, target, num_points, channels):
     f, y = _smooth_relplot.predictions(probs, labels, target)
     valid = _common.mask_or_ones(where, f.shape[0])
     n = jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0)
@@ -158,15 +158,15 @@ def _inputs(probs, labels, where, target, num_points, channels):
 
 @functools.partial(jax.jit, static_argnums=(4, 5))
 def _smooth_ece_core(probs, labels, where, bandwidth, target, num_points):
-    spectrum = _inputs(probs, labels, where, target, num_points, ("residual",))
+    spectrum = _grid_spectrum(probs, labels, where, target, num_points, ("residual",))
     sigma = _fixed_point(spectrum, num_points) if bandwidth is None else bandwidth
     return _smece_at(spectrum, sigma, num_points), sigma
 
 
 @functools.partial(jax.jit, static_argnums=(4, 5))
 def _curve_core(probs, labels, where, bandwidth, target, num_points):
-    residual = _inputs(probs, labels, where, target, num_points, ("residual",))
-    count = _inputs(probs, labels, where, target, num_points, ("count",))
+    residual = _grid_spectrum(probs, labels, where, target, num_points, ("residual",))
+    count = _grid_spectrum(probs, labels, where, target, num_points, ("count",))
     spectrum = jnp.concatenate([residual, count], axis=1)
     sigma = _fixed_point(residual, num_points) if bandwidth is None else bandwidth
     smooth = _smoothed(spectrum, sigma, num_points)
@@ -185,9 +185,29 @@ def _curve_core(probs, labels, where, bandwidth, target, num_points):
     }
 
 
-def _prepare(probs, labels, where, bandwidth, target, num_points):
-    probs, labels, where = _validate.check_probs_labels(probs, labels, where)
-    num_points = _check_options(target, num_points, probs.shape[1])
+def _prepare(probs, labels, where, bandwidth, target, num_points, from_logits, name):
+    """Checked ``(x, labels, where, bw, num_points)``: ``x`` probabilities, or
+    top-label rows with ``labels`` None (from logits or given)."""
+    _checks.check_choice("target", target, TARGETS)
+    form = _inputs.input_form(probs, labels, from_logits=from_logits, metric=name)
+    if target == "binary" and form == _inputs.ROWS:
+        raise ValueError(
+            "target='binary' needs [N, 2] probabilities or logits (the "
+            "probability of class 1); got TopLabelRows."
+        )
+    if target == "binary" and form == _inputs.LOGITS:
+        # K = 2: the softmax is two numbers per row.
+        probs, labels, where = _inputs.checked_softmax(probs, labels, where)
+        form = _inputs.PROBS
+    if form == _inputs.PROBS:
+        probs, labels, where = _validate.check_probs_labels(probs, labels, where)
+        k = probs.shape[1]
+    else:
+        probs, where = _inputs.top_label_input(
+            probs, labels, where, from_logits=from_logits, metric=name
+        )
+        labels, k = None, None
+    num_points = _check_options(target, num_points, k)
     return probs, labels, where, _check_bandwidth(bandwidth), num_points
 
 
@@ -200,6 +220,7 @@ def smooth_ece(
     num_points: int = DEFAULT_NUM_POINTS,
     where: jax.typing.ArrayLike | None = None,
     convention: str = "exact",
+    from_logits: bool = False,
 ) -> jax.Array:
     r"""Smooth ECE: ECE of the kernel-smoothed residuals, at the fixed-point scale.
 
@@ -246,8 +267,10 @@ def smooth_ece(
     10^{-3})`.
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
-      labels: int ``[N]`` class ids in ``[0, K)``.
+      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
+        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
+        ``(confidence, correct)`` with ``labels=None``.
+      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       bandwidth: ``None`` for the fixed-point scale :math:`\sigma^*`, or a
         scale :math:`\sigma > 0` (traceable); scales below about ten grid
         spacings (``10 / (num_points - 1)``) are under-resolved.
@@ -255,6 +278,9 @@ def smooth_ece(
       num_points: static int, grid size :math:`M` (cost O(N + M log M) per
         scale).
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
+        float32), read without a softmax of the whole array (``docs/metrics.md``,
+        "Logits and top-label rows in").
       convention: ``'exact'`` (default; the kernel reflected exactly, as
         described above) or ``'relplot'`` (relplot 1.0.3's discretisation;
         ``num_points`` is then unused).
@@ -280,7 +306,9 @@ def smooth_ece(
       0.0963
     """
     _checks.check_choice("convention", convention, CONVENTIONS)
-    args = _prepare(probs, labels, where, bandwidth, target, num_points)
+    args = _prepare(
+        probs, labels, where, bandwidth, target, num_points, from_logits, "smooth_ece"
+    )
     probs, labels, where, bw, m = args
     if convention == "relplot":
         value, _ = _smooth_relplot.smooth_ece(
@@ -298,6 +326,7 @@ def smooth_reliability(
     target: str = "top_label",
     num_points: int = DEFAULT_NUM_POINTS,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> dict[str, jax.Array]:
     r"""The smoothed reliability curve of :func:`smooth_ece` on its grid.
 
@@ -334,6 +363,15 @@ def smooth_reliability(
       >>> print(curve["grid"].shape, f"{float(curve['smece']):.4f}")
       (8193,) 0.0963
     """
-    args = _prepare(probs, labels, where, bandwidth, target, num_points)
+    args = _prepare(
+        probs,
+        labels,
+        where,
+        bandwidth,
+        target,
+        num_points,
+        from_logits,
+        "smooth_reliability",
+    )
     probs, labels, where, bw, m = args
     return _curve_core(probs, labels, where, bw, target, m)

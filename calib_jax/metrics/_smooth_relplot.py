@@ -18,7 +18,14 @@ from calib_jax.metrics import _common
 
 
 def predictions(probs, labels, target):
-    """``(f, y)``: the predicted probability in [0, 1] and the 0/1 outcome."""
+    """``(f, y)``: the predicted probability in [0, 1] and the 0/1 outcome.
+
+    ``probs`` may be top-label rows ``(confidence, correct)`` with ``labels``
+    None (``calib_jax.metrics.TopLabelRows``).
+    """
+    if labels is None:
+        conf, correct = probs
+        return conf.astype(jnp.float32), correct.astype(jnp.float32)
     if target == "top_label":
         conf, correct = _common.top_label(probs, labels)
         return conf.astype(jnp.float32), correct.astype(jnp.float32)

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import jax
 
-from calib_jax import metrics
-from calib_jax.metrics import _validate
+from calib_jax import _checks, metrics
+from calib_jax.metrics import _inputs, _validate
 
 
 class SummaryMetric(NamedTuple):
@@ -86,8 +86,9 @@ SUMMARY_METRICS: dict[str, SummaryMetric] = {
 SPLIT_METRICS = ("accuracy", "nll", "ece", "adaptive_ece", "classwise_ece", "brier")
 
 
-@functools.cache
-def summary_functions(num_bins: int = 15) -> dict[str, Callable]:
+def summary_functions(
+    num_bins: int = 15, *, from_logits: bool = False
+) -> dict[str, Callable]:
     """``{key: fn(probs, labels, *, where=None)}`` of every :data:`SUMMARY_METRICS` key.
 
     Cached, so that callers that key a compilation on the functions (such as
@@ -96,11 +97,20 @@ def summary_functions(num_bins: int = 15) -> dict[str, Callable]:
 
     Args:
       num_bins: bins of the binned metrics.
+      from_logits: the functions take ``[N, K]`` logits (every metric's
+        ``from_logits=True``).
     """
+    return _functions(num_bins, _checks.check_bool("from_logits", from_logits))
+
+
+@functools.cache
+def _functions(num_bins, from_logits):
     out = {}
     for key, m in SUMMARY_METRICS.items():
         fn = metrics.get_metric(m.metric)
         options = dict(m.options, **({"num_bins": num_bins} if m.binned else {}))
+        if from_logits:
+            options["from_logits"] = True
         out[key] = functools.partial(fn, **options) if options else fn
     return out
 
@@ -124,6 +134,7 @@ def summary(
     num_bins: int = 15,
     names: Sequence[str] | None = None,
     where: jax.typing.ArrayLike | None = None,
+    from_logits: bool = False,
 ) -> dict[str, jax.Array]:
     r"""The reported metrics of one evaluation set, as a dict.
 
@@ -153,12 +164,18 @@ def summary(
       softmax probability (Def. 3.3 of [4]; [6]).
 
     Args:
-      probs: float ``[N, K]`` rows on the probability simplex.
-      labels: int ``[N]`` class ids in ``[0, K)``.
+      probs: float ``[N, K]`` rows on the probability simplex, ``[N, K]``
+        logits with ``from_logits``, or top-label rows (see ``from_logits``).
+      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       num_bins: bins of the binned metrics (static under ``jax.jit``).
       names: the keys to compute, in the returned order (default: every key
         of :data:`SUMMARY_METRICS`, in its order).
       where: optional bool ``[N]``; ``False`` rows are excluded.
+      from_logits: static bool, ``probs`` holds ``[N, K]`` logits (bf16, fp16
+        or float32); every metric computes from them without a softmax of
+        the whole array (``docs/metrics.md``, "Logits and top-label rows
+        in"). A :class:`~calib_jax.metrics.TopLabelRows` with ``labels=None``
+        serves the top-label names only.
 
     Returns:
       ``{key: float32 scalar}``. Jittable (``num_bins`` and ``names``
@@ -193,6 +210,15 @@ def summary(
       {'accuracy': 0.75, 'brier': 0.35}
     """
     names = check_names(tuple(SUMMARY_METRICS) if names is None else names)
+    form = _inputs.input_form(probs, labels, from_logits=from_logits, metric="summary")
+    if form != _inputs.PROBS:
+        # Logits or top-label rows (then only top-label names; the others
+        # raise): checked in the one compiled call of every metric.
+        x, labels, where = _inputs.checked(probs, labels, where, form)
+        logits = form == _inputs.LOGITS
+        static = (names, int(num_bins), logits)
+        values = _inputs.evaluate(_core, form, x, labels, where, *static)
+        return dict(zip(names, values))
     probs, labels, where = _validate.check_probs_labels(
         probs, labels, where, values=False
     )
@@ -201,8 +227,8 @@ def summary(
     return dict(zip(names, values))
 
 
-def _core(probs, labels, where, names, num_bins):
-    functions = summary_functions(num_bins)
+def _core(probs, labels, where, names, num_bins, from_logits=False):
+    functions = summary_functions(num_bins, from_logits=from_logits)
     if where is None:  # the metrics exactly as called without a mask
         return tuple(functions[k](probs, labels) for k in names)
     return tuple(functions[k](probs, labels, where=where) for k in names)

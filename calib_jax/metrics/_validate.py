@@ -18,10 +18,11 @@ whose sum lies within ``tol`` of 1 passes it; when any row does not, the
 exact summary of the old two-pass check (:func:`explain`) runs to find the
 first problem and word the message, so the messages are unchanged.
 
-Logits are not accepted: a row must lie on the probability simplex, every
-entry in ``[0, 1 + tol]`` and the row summing to 1 within
-``tol = max(1e-3, eps(dtype))`` (``eps`` is 2**-7 for bfloat16, so bf16
-probabilities pass). Apply ``jax.nn.softmax(logits, axis=-1)`` first.
+Probabilities must lie on the probability simplex: every entry in
+``[0, 1 + tol]`` and the row summing to 1 within ``tol = max(1e-3,
+eps(dtype))`` (``eps`` is 2**-7 for bfloat16, so bf16 probabilities pass).
+Logits go in with ``from_logits=True`` and top-label rows as
+``TopLabelRows``; their checks are in :mod:`calib_jax.metrics._inputs`.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def explain(probs, labels, where) -> None:
             _checks.nonfinite_message("probs", int(nonfinite), int(first_nonfinite))
         )
     tol = simplex_tolerance(probs.dtype)
-    hint = " If these are logits, pass jax.nn.softmax(logits, axis=-1)."
+    hint = " If these are logits, pass from_logits=True."
     if float(low) < 0.0 or float(high) > 1.0 + tol:
         raise ValueError(
             f"probs must be probabilities in [0, 1]; found values in "

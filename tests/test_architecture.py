@@ -335,7 +335,7 @@ METRIC_MODULE_IMPORTS = {
     "_smooth": {"_common", "_inputs", "_smooth_relplot", "_validate"},
     "_smooth_relplot": {"_common"},
     # The streamed summary: the summary's own metrics, on chunks.
-    "_streamed": METRIC_SHARED | {"_binned_stats", "_summary"},
+    "_streamed": METRIC_SHARED | {"_binned_stats", "_inputs", "_summary"},
     # The sidecar imports no metric paper module.
     "_cpu_kernels": {"_conventions", "_kernels", "_order_statistics"},
 }

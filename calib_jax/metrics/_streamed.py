@@ -10,13 +10,24 @@ chunk plus ``O(N)`` per-row scalars:
   mergeable statistics: the class-wise per-bin sums of ``classwise_ece``
   (:class:`~calib_jax.metrics.BinnedStats` with ``classwise=True``, added on
   the device), the sums of the per-row NLL and Brier score, and the per-row
-  top-label confidence and correctness (5 bytes a row);
+  top-label confidence and correctness (:class:`~calib_jax.metrics.TopLabelRows`,
+  5 bytes a row). Logits (``from_logits=True``) go through the row
+  reductions of every metric's ``from_logits=True`` (``_inputs``: the
+  confidence ``1/s``, the label's log-probability, the Brier row sums), and
+  through a softmax of the chunk only for the class-wise bins;
 - the top-label metrics (``accuracy``, ``ece``, ``ece_l2_em``,
   ``adaptive_ece``, ``ks_error``, ``aurc``) are then computed once from the
   ``N`` collected ``(confidence, correct)`` rows (STYLE.md: sort-based
   metrics collect them on the host, once per split), by the very metric
-  functions of :func:`~calib_jax.metrics.summary`: equal to the in-memory
-  values bit for bit, equal-mass bins and order statistics included.
+  functions of :func:`~calib_jax.metrics.summary` on ``TopLabelRows``: equal
+  to the in-memory values bit for bit, equal-mass bins and order statistics
+  included, whenever the chunk's rows equal the whole array's. For
+  probabilities they always do (the confidence is an entry); for logits
+  XLA:CPU computes the exponentials of arrays under about 4,800 entries on
+  another code path (a last-ulp difference of ``1/s`` in a third of the rows
+  of ``[400, 10]`` chunks of a ``[1000, 10]`` array, none from ``[480, 10]``
+  on), so chunks of a large label space are exact and tiny chunks of a
+  10-class problem are not.
 
 Class-wise ECE, NLL and Brier come from float32 sums added in another order
 than one pass over ``[N, K]`` (chunk partials, the scalars added in float64
@@ -34,23 +45,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from calib_jax import _checks, chunks
-from calib_jax.metrics import _binned_stats, _common, _conventions, _summary, _validate
+from calib_jax.metrics import (
+    _binned_stats,
+    _common,
+    _conventions,
+    _inputs,
+    _summary,
+    _validate,
+)
 
 # The summary keys computed from the collected (confidence, correct) rows.
 ROW_METRICS = ("accuracy", "ece", "ece_l2_em", "adaptive_ece", "ks_error", "aurc")
 
 
-def _row_sums(probs, labels, valid):
-    """Sums over the included rows of the per-row NLL and Brier score
-    (``metrics.nll`` and ``metrics.brier`` before their division by N)."""
+def _per_row(probs, labels):
+    """Per-row NLL and Brier score of probabilities, as ``metrics.nll`` and
+    ``metrics.brier`` compute them before their mean."""
     p_label = _common.label_prob(probs, labels)
     tiny = jnp.finfo(p_label.dtype).tiny
     nll = -jnp.log(jnp.maximum(p_label, tiny))
-    brier = jnp.sum(probs * probs, axis=1) - 2.0 * p_label + 1.0
-    return (
-        jnp.sum(jnp.where(valid, nll, 0.0)),
-        jnp.sum(jnp.where(valid, brier, 0.0)),
-    )
+    return nll, jnp.sum(probs * probs, axis=1) - 2.0 * p_label + 1.0
 
 
 @functools.partial(jax.jit, static_argnums=(4, 5, 6, 7))
@@ -64,40 +78,46 @@ def chunk_step(stats, x, labels, valid, num_bins, convention, from_logits, class
       labels: int32 ``[R]``.
       valid: bool ``[R]``; False on the padding rows of the last chunk.
       num_bins, convention: static, of the class-wise bins.
-      from_logits: static; ``x`` are logits (softmax here, per chunk).
+      from_logits: static; ``x`` are logits (bf16, fp16 or float32).
       classwise: static; accumulate the class-wise statistics.
 
     Returns:
       ``(stats, rows, sums, checks)``: ``stats`` merged with this chunk's;
-      ``rows = (conf float32 [R], correct bool [R])``; ``sums = (nll, brier)``
+      ``rows = (conf [R], correct bool [R])`` (:func:`_inputs.rows_from_logits`
+      or the confidence in the dtype of the probabilities); ``sums = (nll, brier)``
       float32 sums over the chunk's included rows; ``checks = (count, first)``
       of included rows that fail the value checks (logits: NaN/inf; probabilities:
       the screen of :func:`calib_jax.metrics._validate.probs_summary`).
     """
     dtype = x.dtype
-    x = _common.as_float(x)
     if from_logits:
-        bad = valid & ~jnp.all(jnp.isfinite(x), axis=1)
-        probs = jax.nn.softmax(x, axis=-1)
-        conf, correct = _common.top_label(probs, labels)
+        # Row reductions of the logits, as every metric's from_logits=True;
+        # the softmax only for the class-wise bins.
+        z = _common.as_float(x)
+        bad = valid & ~jnp.all(jnp.isfinite(z), axis=1)
+        conf, correct = _inputs.rows_from_logits(x, labels)
+        nll, brier = -_inputs.label_log_prob(x, labels), _inputs.brier_rows(x, labels)
+        probs = _inputs.softmax(x) if classwise else None
     else:
         # The metrics' value screen (``_validate.probs_summary``), per row, from
         # the row sums of the top-label reduction itself.
-        probs = x
+        probs = _common.as_float(x)
         conf, correct, screened = _common.top_label(probs, labels, screen=True)
+        conf = conf.astype(dtype)  # as _inputs.rows_from_probs (exact: an entry)
         tol = _validate.simplex_tolerance(dtype)
-        eps = float(jnp.finfo(x.dtype).eps)
-        margin = tol - min(2.0 * x.shape[1] * eps, 0.5 * tol)
+        eps = float(jnp.finfo(probs.dtype).eps)
+        margin = tol - min(2.0 * probs.shape[1] * eps, 0.5 * tol)
         screened = jnp.where(conf <= 1.0 + tol, screened, jnp.nan)
         bad = valid & ~(jnp.abs(screened - 1.0) <= margin)
-    sums = _row_sums(probs, labels, valid)
+        nll, brier = _per_row(probs, labels)
+    sums = (jnp.sum(jnp.where(valid, nll, 0.0)), jnp.sum(jnp.where(valid, brier, 0.0)))
     if classwise:
         part = _binned_stats.stats_from_batch(
             probs, labels, valid, num_bins, convention, True
         )
         stats = stats.merge(part)
     checks = (jnp.sum(bad.astype(jnp.int32)), jnp.argmax(bad))
-    return stats, (conf.astype(jnp.float32), correct), sums, checks
+    return stats, (conf, correct), sums, checks
 
 
 @jax.jit
@@ -149,20 +169,13 @@ def _raise_for_chunk(chunk, x, valid, count, first, from_logits, dtype) -> None:
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _row_metrics(conf, correct, names, num_bins):
-    r"""The top-label summary metrics of ``N`` rows ``(confidence, correct)``.
-
-    Each metric of :func:`~calib_jax.metrics.summary` reads ``probs`` only
-    through the top-label confidence and correctness
-    (:func:`_common.top_label`). The row :math:`(c_i, 0)` with label 0 when
-    correct and 1 when not has confidence :math:`c_i` (first maximum: column
-    0, also at :math:`c_i = 0`) and exactly that correctness, so the
-    functions of :func:`_summary.summary_functions` on these ``[N, 2]`` rows
-    (traced: no simplex check) give the values of the ``[N, K]`` array.
-    """
+    """The top-label summary metrics of ``N`` rows ``(confidence, correct)``:
+    the functions of :func:`_summary.summary_functions` on
+    :class:`~calib_jax.metrics.TopLabelRows` (traced: no value checks; the
+    chunks were checked)."""
     functions = _summary.summary_functions(num_bins)
-    rows = jnp.stack([conf, jnp.zeros_like(conf)], axis=1)
-    labels = jnp.where(correct, 0, 1).astype(jnp.int32)
-    return tuple(functions[k](rows, labels) for k in names)
+    rows = _inputs.TopLabelRows(conf, correct)
+    return tuple(functions[k](rows, None) for k in names)
 
 
 def summary_of_chunks(
@@ -186,8 +199,9 @@ def summary_of_chunks(
     per-row confidence and correctness, exact equal-mass bins and order
     statistics, no approximation); ``classwise_ece``, ``nll`` and ``brier``
     come from per-chunk sums, equal to float32 rounding. With
-    ``from_logits`` each chunk's softmax is computed on the device, one chunk
-    at a time, and the values are those of ``summary(softmax(logits))``.
+    ``from_logits`` the values are those of ``summary(logits, labels,
+    from_logits=True)``, computed one chunk at a time on the device (the
+    module docstring says when XLA's rounding of small chunks differs).
 
     Args:
       source: a :class:`calib_jax.chunks.ChunkSource`; or what it takes: an

@@ -264,14 +264,15 @@ def summary_of_chunks(
                     m, convention=convention, num_classes=k
                 )
         x, labels, valid = _padded(chunk, rows)
+        # The previous chunk's results: the device computed them while the
+        # host produced this chunk. Waiting for them before the next step keeps
+        # one step in flight (its temporaries, a few [rows, K] float32
+        # arrays, are the memory bound) and the host from reading ahead.
+        if pending is not None:
+            state.add(*pending)
         stats, *out = chunk_step(
             stats, x, labels, valid, m, convention, bool(from_logits), classwise
         )
-        # The previous chunk's results, fetched while this one runs. The one
-        # fetch per chunk also keeps the host from reading chunks faster than
-        # the device consumes them (queued transfers would not be bounded).
-        if pending is not None:
-            state.add(*pending)
         pending = (chunk, x, valid, out, bool(from_logits))
     state.add(*pending)
     return state.values(names, m, stats)

@@ -35,6 +35,15 @@ Override (tests, debugging, a platform the table does not fit):
   and switching back reuses the earlier compile.
 
 A forced mode applies on every platform, the CPU included.
+
+A class axis sharded over devices: the plain forms are row reductions the
+SPMD partitioner splits per shard. The CPU-tuned metric kernels keep the
+class axis apart from the rows whenever the process has more than one
+device (``metrics._cpu_kernels.class_ways``: the top label's blocks divide
+the classes' even split, the class-wise scatter takes the class as a batch
+dimension), so they too reduce ``O(N)`` or ``O(K)`` values across devices and
+never gather ``[N, K]`` (``docs/metrics.md``, "Class-axis sharding"). On one
+device their results are the single-device bits.
 """
 
 from __future__ import annotations
@@ -75,7 +84,8 @@ FAMILIES: dict[str, Family] = {
     "metric_top_label": Family(
         "metrics._cpu_kernels.top_label",
         "top label from one max-reduction over packed uint32 keys (on the CPU,"
-        " K > 32 as [N * K / g, g] blocks)",
+        " K > 32 as [N, K / g, g] blocks, K / g a multiple of the devices'"
+        " even split of the classes)",
         tpu="tuned",
         gpu="plain",
     ),
@@ -87,7 +97,9 @@ FAMILIES: dict[str, Family] = {
     ),
     "metric_classwise": Family(
         "metrics._cpu_kernels.accumulate_classwise",
-        "class-wise per-bin sums in a lax.scan over row blocks",
+        "class-wise per-bin sums in a lax.scan over row blocks (more than one"
+        " device: the class a batch dimension of the scatter, one scan per row"
+        " range)",
         tpu="plain",
         gpu="plain",
     ),

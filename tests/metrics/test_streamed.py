@@ -191,6 +191,16 @@ def test_probs_off_the_simplex_name_the_item_and_row():
         "(tolerance 1.0e-03); the row sums to 0.5. If these are logits, pass "
         "from_logits=True."
     )
+    pieces = _pieces(PROBS.copy())
+    pieces[3][0][250, :2] += np.float32([-0.25, 0.25])  # row 250 of item 3: chunk 1
+    with pytest.raises(ValueError) as err:
+        summary_of_chunks(iter(pieces), chunk_rows=ROWS, progress_bar=False)
+    low = float(PROBS[950, 0] - np.float32(0.25))
+    assert low < 0.0
+    assert str(err.value) == (
+        "item 3 of the iterable row 250 (chunk 1): probs must be probabilities in "
+        f"[0, 1]; found {low:.4g}. If these are logits, pass from_logits=True."
+    )
 
 
 def test_logits_read_as_probs_and_bad_arguments(tmp_path):

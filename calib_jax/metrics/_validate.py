@@ -182,7 +182,10 @@ def explain(probs, labels, where) -> None:
             _checks.nonfinite_message("probs", int(nonfinite), int(first_nonfinite))
         )
     tol = simplex_tolerance(probs.dtype)
-    hint = " If these are logits, pass from_logits=True."
+    hint = (
+        " If these are logits, pass from_logits=True (or jax.nn.softmax(logits,"
+        " axis=-1))."
+    )
     if float(low) < 0.0 or float(high) > 1.0 + tol:
         raise ValueError(
             f"probs must be probabilities in [0, 1]; found values in "

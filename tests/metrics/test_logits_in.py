@@ -284,7 +284,7 @@ def test_bad_inputs_one_line_each():
     _one_line(
         ValueError,
         lambda: metrics.ece(LOGITS, LABELS),
-        r"If these are logits, pass from_logits=True\.$",
+        r"If these are logits, pass from_logits=True \(or jax\.nn\.softmax",
     )
     over = metrics.TopLabelRows(rows.confidence.at[7].set(1.5), rows.correct)
     _one_line(

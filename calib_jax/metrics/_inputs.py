@@ -45,6 +45,7 @@ rows; under ``jax.jit`` nothing is checked, as for probabilities.
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -116,19 +117,28 @@ _BLOCK_ELEMENTS = 1 << 20
 
 def _by_row_blocks(fn, x, labels):
     """``fn(x, labels)`` (row-wise, a pytree of ``[N]`` arrays) over blocks
-    of rows on the CPU, whole elsewhere (``lax.platform_dependent``)."""
+    of rows on the CPU, whole elsewhere (``lax.platform_dependent``).
+
+    With more than one device the rows are first cut into
+    ``gcd(N, jax.device_count())`` contiguous chains, each looped over on its
+    own (``vmap`` of the block loop): rows sharded over devices stay where
+    they are, where one loop over every row's slices would gather them.
+    """
     n, k = x.shape
-    block = max(1, _BLOCK_ELEMENTS // k)
-    if n <= block:
+    chains = math.gcd(n, jax.device_count())
+    rows = n // chains
+    # The chains' blocks are processed side by side: 2**20 entries in all.
+    block = max(1, _BLOCK_ELEMENTS // (k * chains))
+    if rows <= block:
         return fn(x, labels)
-    full = n // block
+    full = rows // block
 
     dtype = x.dtype
     # bf16/fp16 blocks are sliced as their bits: XLA:CPU upcasts the whole
     # operand of a 16-bit float slice in the loop (a float32 copy of x).
     bits = jnp.uint16 if dtype.itemsize == 2 else None
 
-    def blocked(x, labels):
+    def chain(x, labels):
         source = x if bits is None else lax.bitcast_convert_type(x, bits)
 
         def one(i):
@@ -140,10 +150,16 @@ def _by_row_blocks(fn, x, labels):
 
         out = lax.map(one, jnp.arange(full, dtype=jnp.int32))
         out = jax.tree.map(lambda a: a.reshape((full * block,)), out)
-        if full * block == n:
+        if full * block == rows:
             return out
         rest = fn(x[full * block :], labels[full * block :])
         return jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, rest)
+
+    def blocked(x, labels):
+        if chains == 1:
+            return chain(x, labels)
+        out = jax.vmap(chain)(x.reshape(chains, rows, k), labels.reshape(chains, rows))
+        return jax.tree.map(lambda a: a.reshape((n,)), out)
 
     return lax.platform_dependent(x, labels, cpu=blocked, default=fn)
 

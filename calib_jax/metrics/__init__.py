@@ -26,6 +26,9 @@ Calibration tests return a :class:`CalibrationTest` ``(statistic, p_value)``
 uncertainty)`` and runs on the host (its isotonic fit has no static shape).
 
 :func:`bootstrap` gives percentile confidence intervals of any of them.
+:func:`summary_of_chunks` is :func:`summary` over a sequence of chunks
+(:mod:`calib_jax.chunks`: arrays, or ``.npz``/``.npy`` shards, local or
+``gs://``) with memory bounded by the chunk (``docs/streaming.md``).
 Equal-width binned metrics come from mergeable :class:`BinnedStats`;
 binning conventions and library presets are in :data:`PRESETS` (see
 ``docs/metrics.md``).
@@ -69,6 +72,7 @@ from calib_jax.metrics._summary import (
     summary,
     summary_functions,
 )
+from calib_jax.metrics._streamed import summary_of_chunks
 
 METRICS = {
     "ece": ece,
@@ -163,6 +167,7 @@ __all__ = [
     "smooth_reliability",
     "spiegelhalter_test",
     "summary",
+    "summary_of_chunks",
     "summary_functions",
     "sweep_ece",
     "top_label_rows",

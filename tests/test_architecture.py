@@ -330,14 +330,17 @@ METRIC_MODULE_IMPORTS = {
     "_common": {"_cpu_kernels"},
     "_ece": METRIC_SHARED | {"_adaptive", "_binned_stats", "_inputs", "_kernels"},
     # The input forms (logits, top-label rows) of every metric.
-    "_inputs": {"_common", "_validate"},
+    "_inputs": {"_common", "_logit_rows", "_validate"},
+    # The row reductions of logits (maximum, exp-sum, label logit, Brier).
+    "_logit_rows": {"_common"},
     "_ood": {"_common", "_cpu_kernels", "_validate"},
     "_order_statistics": {"_conventions"},
     "_risk_coverage": {"_common", "_inputs", "_validate"},
     "_smooth": {"_common", "_inputs", "_smooth_relplot", "_validate"},
     "_smooth_relplot": {"_common"},
     # The streamed summary: the summary's own metrics, on chunks.
-    "_streamed": METRIC_SHARED | {"_binned_stats", "_inputs", "_summary"},
+    "_streamed": METRIC_SHARED
+    | {"_binned_stats", "_inputs", "_logit_rows", "_summary"},
     # The sidecar imports no metric paper module.
     "_cpu_kernels": {"_conventions", "_kernels", "_order_statistics"},
 }

@@ -33,7 +33,7 @@ from any other source), can replace ``probs`` in every top-label metric with
 ``labels=None``: rows from ``top_label_rows(probs, labels)`` give exactly
 the value of the metric on ``(probs, labels)``.
 
-On the CPU the row reductions run over blocks of rows (``_by_row_blocks``)
+On the CPU the row reductions run over blocks of rows (``_logit_rows``)
 so that no float32 copy of the ``[N, K]`` logits is written; elsewhere XLA
 fuses them into one read.
 
@@ -45,15 +45,13 @@ rows; under ``jax.jit`` nothing is checked, as for probabilities.
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from calib_jax import _checks
-from calib_jax.metrics import _common, _validate
+from calib_jax.metrics import _common, _logit_rows, _validate
 
 PROBS, LOGITS, ROWS = "probs", "logits", "rows"
 
@@ -107,89 +105,10 @@ def input_form(x, labels, *, from_logits, metric: str, top_label: bool = True) -
 # ---------------------------------------------------------------------------
 
 
-# Elements of a block of rows on the CPU: XLA:CPU writes a float32 copy of
-# an upcast or exponentiated [N, K] operand that several row reductions share
-# (measured: 67 MB of temporaries for bf16 logits [512, 32768], 2-3 copies),
-# so there the reductions run over blocks of rows of about 2**20 entries
-# (4 MB per float32 temporary); elsewhere XLA fuses them into one read.
-_BLOCK_ELEMENTS = 1 << 20
-
-
-def _by_row_blocks(fn, x, labels):
-    """``fn(x, labels)`` (row-wise, a pytree of ``[N]`` arrays) over blocks
-    of rows on the CPU, whole elsewhere (``lax.platform_dependent``).
-
-    With more than one device the rows are first cut into
-    ``gcd(N, jax.device_count())`` contiguous chains, each looped over on its
-    own (``vmap`` of the block loop): rows sharded over devices stay where
-    they are, where one loop over every row's slices would gather them.
-    """
-    n, k = x.shape
-    chains = math.gcd(n, jax.device_count())
-    rows = n // chains
-    # The chains' blocks are processed side by side: 2**20 entries in all.
-    block = max(1, _BLOCK_ELEMENTS // (k * chains))
-    if rows <= block:
-        return fn(x, labels)
-    full = rows // block
-
-    dtype = x.dtype
-    # bf16/fp16 blocks are sliced as their bits: XLA:CPU upcasts the whole
-    # operand of a 16-bit float slice in the loop (a float32 copy of x).
-    bits = jnp.uint16 if dtype.itemsize == 2 else None
-
-    def chain(x, labels):
-        source = x if bits is None else lax.bitcast_convert_type(x, bits)
-
-        def one(i):
-            start = i * block
-            xb = lax.dynamic_slice_in_dim(source, start, block)
-            if bits is not None:
-                xb = lax.bitcast_convert_type(xb, dtype)
-            return fn(xb, lax.dynamic_slice_in_dim(labels, start, block))
-
-        out = lax.map(one, jnp.arange(full, dtype=jnp.int32))
-        out = jax.tree.map(lambda a: a.reshape((full * block,)), out)
-        if full * block == rows:
-            return out
-        rest = fn(x[full * block :], labels[full * block :])
-        return jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, rest)
-
-    def blocked(x, labels):
-        if chains == 1:
-            return chain(x, labels)
-        out = jax.vmap(chain)(x.reshape(chains, rows, k), labels.reshape(chains, rows))
-        return jax.tree.map(lambda a: a.reshape((n,)), out)
-
-    return lax.platform_dependent(x, labels, cpu=blocked, default=fn)
-
-
-def _reductions(logits, labels):
-    z = _common.as_float(logits)
-    k = lax.broadcasted_iota(jnp.int32, z.shape, 1)
-    y = labels.astype(jnp.int32)[:, None]
-    m = jnp.max(z, axis=1)
-    s = jnp.sum(jnp.exp(z - m[:, None]), axis=1)
-    z_y = jnp.sum(jnp.where(k == y, z, 0.0), axis=1)
-    before = jnp.max(jnp.where(k < y, z, -jnp.inf), axis=1)
-    return m, s, z_y, before
-
-
-def logit_reductions(logits, labels):
-    """``(m, s, z_y, before)`` per row, float32 ``[N]`` each.
-
-    ``m`` the row maximum, ``s = sum_k exp(z_k - m)``, ``z_y`` the logit of
-    the label and ``before`` the largest logit of a class before the label
-    (``-inf`` for label 0). Row reductions only, over blocks of rows on the
-    CPU, so no float32 ``[N, K]`` array is kept.
-    """
-    return _by_row_blocks(_reductions, logits, labels.astype(jnp.int32))
-
-
 def rows_from_logits(logits, labels) -> TopLabelRows:
     r"""Top-label rows of logits: :math:`c_i = 1/s_i`, :math:`a_i =
     [\hat y_i = y_i]`, :math:`\hat y_i` the first maximal logit (traceable)."""
-    m, s, z_y, before = logit_reductions(logits, labels)
+    m, s, z_y, before = _logit_rows.logit_reductions(logits, labels)
     return TopLabelRows(1.0 / s, (z_y == m) & (before < m))
 
 
@@ -200,39 +119,10 @@ def rows_from_probs(probs, labels) -> TopLabelRows:
     return TopLabelRows(conf.astype(probs.dtype), correct)
 
 
-def label_log_prob(logits, labels):
-    r""":math:`\log p_{iy_i} = (z_{iy_i} - m_i) - \log s_i`, float32 ``[N]``."""
-    m, s, z_y, _ = logit_reductions(logits, labels)
-    return (z_y - m) - jnp.log(s)
-
-
-def _brier(logits, labels):
-    z = _common.as_float(logits)
-    k = lax.broadcasted_iota(jnp.int32, z.shape, 1)
-    y = labels[:, None]
-    m = jnp.max(z, axis=1)
-    e = jnp.exp(z - m[:, None])
-    s = jnp.sum(e, axis=1)
-    sq = jnp.sum(e * e, axis=1)
-    e_y = jnp.sum(jnp.where(k == y, e, 0.0), axis=1)
-    return sq / (s * s) - 2.0 * (e_y / s) + 1.0
-
-
-def brier_rows(logits, labels):
-    r"""Per-row Brier score from logits, float32 ``[N]``:
-    :math:`\sum_k e^{2(z_k - m)} / s^2 - 2 e^{z_y - m} / s + 1` (row
-    reductions, over blocks of rows on the CPU)."""
-    return _by_row_blocks(_brier, logits, labels.astype(jnp.int32))
-
-
-def _finite(logits, labels):
-    return jnp.all(jnp.isfinite(logits), axis=1)
-
-
 def logits_summary(logits, labels, where) -> _checks.ValueSummary:
     """The value checks of logits (:func:`_checks.value_summary`), the row
     finiteness over blocks of rows on the CPU."""
-    finite = _by_row_blocks(_finite, logits, labels)
+    finite = _logit_rows.by_row_blocks(_logit_rows.finite_rows, logits, labels)
     return _checks.value_summary(logits, labels, where, row_finite=finite)
 
 

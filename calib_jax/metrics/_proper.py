@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from calib_jax.metrics import _common, _inputs, _validate
+from calib_jax.metrics import _common, _inputs, _logit_rows, _validate
 
 
 def _masked_mean(values, where):
@@ -35,12 +35,12 @@ def _nll_core(probs, labels, where):
 
 @jax.jit
 def _brier_logits_core(logits, labels, where):
-    return _masked_mean(_inputs.brier_rows(logits, labels), where)
+    return _masked_mean(_logit_rows.brier_rows(logits, labels), where)
 
 
 @jax.jit
 def _nll_logits_core(logits, labels, where):
-    return _masked_mean(-_inputs.label_log_prob(logits, labels), where)
+    return _masked_mean(-_logit_rows.label_log_prob(logits, labels), where)
 
 
 def _accuracy_rows(conf, correct, where):

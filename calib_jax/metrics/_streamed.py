@@ -50,6 +50,7 @@ from calib_jax.metrics import (
     _common,
     _conventions,
     _inputs,
+    _logit_rows,
     _summary,
     _validate,
 )
@@ -96,7 +97,10 @@ def chunk_step(stats, x, labels, valid, num_bins, convention, from_logits, class
         z = _common.as_float(x)
         bad = valid & ~jnp.all(jnp.isfinite(z), axis=1)
         conf, correct = _inputs.rows_from_logits(x, labels)
-        nll, brier = -_inputs.label_log_prob(x, labels), _inputs.brier_rows(x, labels)
+        nll, brier = (
+            -_logit_rows.label_log_prob(x, labels),
+            _logit_rows.brier_rows(x, labels),
+        )
         probs = _inputs.softmax(x) if classwise else None
     else:
         # The metrics' value screen (``_validate.probs_summary``), per row, from

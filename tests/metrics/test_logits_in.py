@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from calib_jax import metrics
-from calib_jax.metrics import _inputs
+from calib_jax.metrics import _logit_rows
 
 N, K = 256, 10
 # Metrics whose value is a sum of per-row terms that the logits path computes
@@ -310,8 +310,8 @@ def test_bad_inputs_one_line_each():
 
 def _blocked_and_whole(x, y):
     return (
-        (*_inputs.logit_reductions(x, y), _inputs.brier_rows(x, y)),
-        (*_inputs._reductions(x, y), _inputs._brier(x, y)),
+        (*_logit_rows.logit_reductions(x, y), _logit_rows.brier_rows(x, y)),
+        (*_logit_rows._reductions(x, y), _logit_rows._brier(x, y)),
     )
 
 

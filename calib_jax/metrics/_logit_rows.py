@@ -1,0 +1,127 @@
+r"""Row reductions of logits: the per-row quantities the metrics need from
+``[N, K]`` logits (row maximum, :math:`s = \sum_k e^{z_k - m}`, the label's
+logit, the per-row Brier score, finiteness) without a float32 softmax of the
+whole array. Traceable, no checks (:mod:`calib_jax.metrics._inputs` checks
+and dispatches).
+
+On the CPU the reductions run over blocks of rows (:func:`by_row_blocks`),
+so no float32 copy of the ``[N, K]`` logits is written; elsewhere XLA fuses
+them into one read.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from calib_jax.metrics import _common
+
+# Elements of a block of rows on the CPU: XLA:CPU writes a float32 copy of
+# an upcast or exponentiated [N, K] operand that several row reductions share
+# (measured: 67 MB of temporaries for bf16 logits [512, 32768], 2-3 copies),
+# so there the reductions run over blocks of rows of about 2**20 entries
+# (4 MB per float32 temporary); elsewhere XLA fuses them into one read.
+_BLOCK_ELEMENTS = 1 << 20
+
+
+def by_row_blocks(fn, x, labels):
+    """``fn(x, labels)`` (row-wise, a pytree of ``[N]`` arrays) over blocks
+    of rows on the CPU, whole elsewhere (``lax.platform_dependent``).
+
+    With more than one device the rows are first cut into
+    ``gcd(N, jax.device_count())`` contiguous chains, each looped over on its
+    own (``vmap`` of the block loop): rows sharded over devices stay where
+    they are, where one loop over every row's slices would gather them.
+    """
+    n, k = x.shape
+    chains = math.gcd(n, jax.device_count())
+    rows = n // chains
+    # The chains' blocks are processed side by side: 2**20 entries in all.
+    block = max(1, _BLOCK_ELEMENTS // (k * chains))
+    if rows <= block:
+        return fn(x, labels)
+    full = rows // block
+
+    dtype = x.dtype
+    # bf16/fp16 blocks are sliced as their bits: XLA:CPU upcasts the whole
+    # operand of a 16-bit float slice in the loop (a float32 copy of x).
+    bits = jnp.uint16 if dtype.itemsize == 2 else None
+
+    def chain(x, labels):
+        source = x if bits is None else lax.bitcast_convert_type(x, bits)
+
+        def one(i):
+            start = i * block
+            xb = lax.dynamic_slice_in_dim(source, start, block)
+            if bits is not None:
+                xb = lax.bitcast_convert_type(xb, dtype)
+            return fn(xb, lax.dynamic_slice_in_dim(labels, start, block))
+
+        out = lax.map(one, jnp.arange(full, dtype=jnp.int32))
+        out = jax.tree.map(lambda a: a.reshape((full * block,)), out)
+        if full * block == rows:
+            return out
+        rest = fn(x[full * block :], labels[full * block :])
+        return jax.tree.map(lambda a, b: jnp.concatenate([a, b]), out, rest)
+
+    def blocked(x, labels):
+        if chains == 1:
+            return chain(x, labels)
+        out = jax.vmap(chain)(x.reshape(chains, rows, k), labels.reshape(chains, rows))
+        return jax.tree.map(lambda a: a.reshape((n,)), out)
+
+    return lax.platform_dependent(x, labels, cpu=blocked, default=fn)
+
+
+def _reductions(logits, labels):
+    z = _common.as_float(logits)
+    k = lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    y = labels.astype(jnp.int32)[:, None]
+    m = jnp.max(z, axis=1)
+    s = jnp.sum(jnp.exp(z - m[:, None]), axis=1)
+    z_y = jnp.sum(jnp.where(k == y, z, 0.0), axis=1)
+    before = jnp.max(jnp.where(k < y, z, -jnp.inf), axis=1)
+    return m, s, z_y, before
+
+
+def logit_reductions(logits, labels):
+    """``(m, s, z_y, before)`` per row, float32 ``[N]`` each.
+
+    ``m`` the row maximum, ``s = sum_k exp(z_k - m)``, ``z_y`` the logit of
+    the label and ``before`` the largest logit of a class before the label
+    (``-inf`` for label 0). Row reductions only, over blocks of rows on the
+    CPU, so no float32 ``[N, K]`` array is kept.
+    """
+    return by_row_blocks(_reductions, logits, labels.astype(jnp.int32))
+
+
+def label_log_prob(logits, labels):
+    r""":math:`\log p_{iy_i} = (z_{iy_i} - m_i) - \log s_i`, float32 ``[N]``."""
+    m, s, z_y, _ = logit_reductions(logits, labels)
+    return (z_y - m) - jnp.log(s)
+
+
+def _brier(logits, labels):
+    z = _common.as_float(logits)
+    k = lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    y = labels[:, None]
+    m = jnp.max(z, axis=1)
+    e = jnp.exp(z - m[:, None])
+    s = jnp.sum(e, axis=1)
+    sq = jnp.sum(e * e, axis=1)
+    e_y = jnp.sum(jnp.where(k == y, e, 0.0), axis=1)
+    return sq / (s * s) - 2.0 * (e_y / s) + 1.0
+
+
+def brier_rows(logits, labels):
+    r"""Per-row Brier score from logits, float32 ``[N]``:
+    :math:`\sum_k e^{2(z_k - m)} / s^2 - 2 e^{z_y - m} / s + 1` (row
+    reductions, over blocks of rows on the CPU)."""
+    return by_row_blocks(_brier, logits, labels.astype(jnp.int32))
+
+
+def finite_rows(logits, labels):
+    return jnp.all(jnp.isfinite(logits), axis=1)

@@ -162,14 +162,8 @@ def _npy_header(path: epath.Path, what: str, name: str) -> storage.NpyHeader:
 
 def _npz_member_header(archive: zipfile.ZipFile, key: str, what: str):
     with archive.open(f"{key}.npy") as member:
-        version = np.lib.format.read_magic(member)
-        if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(member)
-        elif version == (2, 0):
-            shape, _, dtype = np.lib.format.read_array_header_2_0(member)
-        else:
-            raise ValueError(f"{what}: array {key!r} has .npy version {version}.")
-    return tuple(int(n) for n in shape), dtype
+        header = storage.read_npy_header_of(member, f"{what}: array {key!r}")
+    return tuple(int(n) for n in header.shape), header.dtype
 
 
 def _check_layout(what, x_name, shape, dtype, labels_shape, labels_dtype):

@@ -498,7 +498,9 @@ class NpyHeader(NamedTuple):
     offset: int  # bytes before the array data
 
 
-def _read_header(f, path) -> NpyHeader:
+def read_npy_header_of(f, path) -> NpyHeader:
+    """The :class:`NpyHeader` of an open ``.npy`` stream ``f`` at its start
+    (a file or an ``.npz`` member); ``path`` names it in the error."""
     version = np.lib.format.read_magic(f)
     if version == (1, 0):
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
@@ -513,7 +515,7 @@ def read_npy_header(path: str | os.PathLike) -> NpyHeader:
     """Reads only the header of an ``.npy`` file (shape, dtype, layout)."""
     path = as_path(path)
     with path.open("rb") as f:
-        return _read_header(f, path)
+        return read_npy_header_of(f, path)
 
 
 def load_npy(
@@ -537,7 +539,7 @@ def load_npy(
     if not is_remote(path):
         return np.load(os.fspath(path), mmap_mode="r")[start:stop]
     with path.open("rb") as f:
-        header = _read_header(f, path)
+        header = read_npy_header_of(f, path)
         if header.dtype.hasobject:
             raise ValueError(f"{path}: object arrays cannot be loaded.")
         shape, dtype = header.shape, header.dtype

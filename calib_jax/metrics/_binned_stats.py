@@ -338,7 +338,9 @@ def stats_from_batch(
     return (stats, *sums) if screen else stats
 
 
-def _from_confidences_impl(conf, correct, where, num_bins, convention):
+def stats_from_confidences(conf, correct, where, num_bins, convention):
+    """Top-label :class:`BinnedStats` of ``(confidence, correct)`` rows
+    (traceable; :meth:`BinnedStats.from_confidences` checks and jits it)."""
     conf = _common.as_float(conf)
     valid = _common.mask_or_ones(where, conf.shape[0])
     bins = _conventions.bin_index(conf, num_bins, convention)
@@ -358,4 +360,4 @@ def _from_confidences_impl(conf, correct, where, num_bins, convention):
 
 
 _from_batch = jax.jit(stats_from_batch, static_argnums=(3, 4, 5))
-_from_confidences = jax.jit(_from_confidences_impl, static_argnums=(3, 4))
+_from_confidences = jax.jit(stats_from_confidences, static_argnums=(3, 4))

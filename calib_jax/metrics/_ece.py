@@ -30,24 +30,6 @@ def _options(num_bins, binning, convention):
     return m, conv
 
 
-def _rows_stats(conf, correct, valid, num_bins, convention):
-    """Top-label :class:`BinnedStats` of rows (as ``stats_from_batch``)."""
-    bins = _conventions.bin_index(conf, num_bins, convention)
-    slots = _conventions.num_slots(convention, num_bins)
-    count, sum_conf, n_correct = _kernels.accumulate_top_label(
-        conf, correct, bins, valid, slots
-    )
-    return _binned_stats.BinnedStats(
-        count=count,
-        sum_conf=sum_conf,
-        sum_correct=n_correct,
-        total=jnp.sum(valid.astype(jnp.int32)),
-        num_bins=num_bins,
-        convention=convention,
-        classwise=False,
-    )
-
-
 def _fast_path(binning, convention, p):
     """Whether the ECE needs only ``sum(conf - correct)`` per bin."""
     return binning == "equal_width" and p == 1 and convention.min_count == 1
@@ -63,7 +45,9 @@ def _rows_error(conf, correct, where, num_bins, binning, convention, p):
         n = jnp.maximum(jnp.sum(valid.astype(jnp.int32)), 1).astype(gaps.dtype)
         return jnp.sum(jnp.abs(gaps)) / n
     if binning == "equal_width":
-        stats = _rows_stats(conf, correct, valid, num_bins, convention)
+        stats = _binned_stats.stats_from_confidences(
+            conf, correct, valid, num_bins, convention
+        )
         return _binned_stats.stats_error(stats, p)
     return _adaptive.equal_mass_rows_error(
         conf, correct, valid, num_bins, convention, p
@@ -271,7 +255,9 @@ def mce(
 def _reliability_rows(conf, correct, where, num_bins, binning, convention):
     valid = _common.mask_or_ones(where, conf.shape[0])
     if binning == "equal_width":
-        return _rows_stats(conf, correct, valid, num_bins, convention).reliability()
+        return _binned_stats.stats_from_confidences(
+            conf, correct, valid, num_bins, convention
+        ).reliability()
     count, sum_conf, sum_correct, _, lower, upper = _adaptive.equal_mass_stats(
         conf, correct, valid, num_bins, convention.equal_mass
     )

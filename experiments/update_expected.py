@@ -5,11 +5,15 @@ about 8 minutes on a quiet 2-core CPU. It runs, on the CPU, in fresh workdirs
 under a temporary directory (printed, and kept):
 
 - the quick benchmark (``configs/benchmark_digits.py:quick``, as
-  ``tests/benchmark/test_results_drift.py`` runs it), and writes
-  ``tests/benchmark/expected/quick/results.jsonl`` (its rows as written),
-  ``claims.json`` (its claims with their verdicts) and ``machine.json`` (the
-  CPU and the jax/jaxlib versions that produced them: XLA:CPU's results
-  depend on both);
+  ``tests/benchmark/test_results_drift.py`` runs it), and writes this
+  machine's recording ``tests/benchmark/expected/quick/<machine>/``
+  (``<machine>``: :func:`calib_jax.benchmark.reproducibility.recording_name`,
+  the CPU flags digest and the jaxlib version; XLA:CPU's results depend on
+  both, and 30 epochs grow the last bits into other models, so each machine
+  keeps its own): ``results.jsonl`` (its rows as written), ``claims.json``
+  (its claims with their verdicts) and ``machine.json`` (the machine). The
+  recordings of other machines are left as they are: a change of results on
+  purpose is recorded on every machine type CI runs on;
 - the full grid of ``make demo`` (``configs/benchmark_digits.py``), and writes
   ``tests/benchmark/expected/demo/claim_rows.jsonl`` (the per-seed values its
   claims read, :func:`calib_jax.benchmark.report.claim_rows`) and ``run.json``
@@ -80,19 +84,20 @@ def run_benchmark(config: str, workdir: epath.Path) -> dict:
 
 
 def write_quick(results: epath.Path) -> None:
-    out = EXPECTED / "quick"
+    here = reproducibility.machine()
+    out = EXPECTED / "quick" / reproducibility.recording_name(here)
     storage.make_dirs(out)
     storage.write_bytes(out / runner.RESULTS_FILE, results.read_bytes())
-    text = json.dumps(reproducibility.machine(), indent=1, sort_keys=True)
+    text = json.dumps(here, indent=1, sort_keys=True)
     storage.write_text(out / reproducibility.MACHINE_FILE, text + "\n")
-    entries = paper_claims.claims(runner.read_rows(results))
+    entries = paper_claims.claims(storage.read_jsonl(results))
     text = json.dumps(entries, indent=1, ensure_ascii=False)
     storage.write_text(out / "claims.json", text + "\n")
 
 
 def write_demo(results: epath.Path, timing: dict) -> dict:
     """Writes the demo's kept rows and ``run.json``; returns the latter's content."""
-    rows = agg.Rows(runner.read_rows(results))
+    rows = agg.Rows(storage.read_jsonl(results))
     config = json.loads((results.parent / runner.CONFIG_FILE).read_text())
     run = {
         "config": DEMO_CONFIG,
@@ -116,7 +121,7 @@ def write_demo(results: epath.Path, timing: dict) -> dict:
 
 
 def write_readme(run: dict) -> None:
-    rows = runner.read_rows(EXPECTED / "demo" / "claim_rows.jsonl")
+    rows = storage.read_jsonl(EXPECTED / "demo" / "claim_rows.jsonl")
     block = report.claims_summary(paper_claims.claims(rows), run)
     text = README.read_text()
     if text.count(BEGIN) != 1 or text.count(END) != 1:

@@ -6,17 +6,19 @@ matrix kernels pick their blocking from the host's caches, so another CPU
 model or another jaxlib may move the last bits of a training run, and 30
 epochs can grow those into other numbers. The expected results kept in
 ``tests/benchmark/expected`` record the machine that produced them
-(:func:`machine`), and a drift failure names both machines
-(:func:`describe_difference`).
+(:func:`machine`), one recording per machine (:func:`recording_name`,
+:func:`recordings`, :func:`recording_of`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 
 import jax
 import jaxlib
+from etils import epath
 
 # Kept beside the expected rows.
 MACHINE_FILE = "machine.json"
@@ -56,20 +58,32 @@ def machine() -> dict:
     }
 
 
-def describe_difference(recorded: dict) -> str:
-    """One line on whether this machine is the one ``recorded`` describes.
+def recording_name(recorded: dict) -> str:
+    """The folder name of the results ``recorded`` (a :func:`machine`) made.
 
-    Args:
-      recorded: a :func:`machine` result kept with expected numbers.
+    The first 12 hex digits of the CPU flags digest and the jaxlib version,
+    e.g. ``'ecfefe0ffbf1-jaxlib-0.10.2'``.
     """
-    here = machine()
-    differ = [k for k in sorted(recorded) if recorded.get(k) != here.get(k)]
-    if not differ:
-        return "this machine is the one that recorded the expected results."
-    changes = ", ".join(f"{k} {recorded.get(k)!r} -> {here.get(k)!r}" for k in differ)
-    return (
-        f"the expected results were recorded on another machine ({changes}); "
-        "XLA:CPU's last bits depend on the CPU and the jaxlib, so a "
-        "difference here may come from the machine rather than the code: rerun "
-        "`make update-expected` on the old code on this machine to tell."
-    )
+    return f"{recorded['cpu_flags_sha256'][:12]}-jaxlib-{recorded['jaxlib']}"
+
+
+def recordings(root: epath.Path) -> dict[str, dict]:
+    """``{folder: machine}`` of every recording kept under ``root``.
+
+    A recording is a folder of ``root`` holding a :data:`MACHINE_FILE`; sorted
+    by folder name.
+    """
+    out = {}
+    for folder in sorted(root.iterdir(), key=lambda p: p.name):
+        file = folder / MACHINE_FILE
+        if folder.is_dir() and file.exists():
+            out[folder.name] = json.loads(file.read_text())
+    return out
+
+
+def recording_of(root: epath.Path, here: dict | None = None) -> str | None:
+    """The folder under ``root`` recorded on this machine (every field of
+    :func:`machine` equal), or None when no kept recording is this machine's.
+    """
+    here = machine() if here is None else here
+    return next((k for k, v in recordings(root).items() if v == here), None)

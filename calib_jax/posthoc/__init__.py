@@ -49,6 +49,7 @@ from calib_jax.posthoc._multilabel import (
     fit_multilabel_temperature,
 )
 from calib_jax.posthoc._pts import apply_pts, fit_pts
+from calib_jax.posthoc._streamed import fit_of_chunks
 from calib_jax.posthoc._temperature import OBJECTIVES, apply_temperature
 from calib_jax.posthoc._temperature_fit import fit_temperature
 from calib_jax.posthoc._validate import TEMPERATURE_RANGE, SuspiciousFitWarning
@@ -86,6 +87,7 @@ __all__ = [
     "fit_isotonic",
     "fit_matrix_scaling",
     "fit_multilabel_temperature",
+    "fit_of_chunks",
     "fit_platt",
     "fit_pts",
     "fit_temperature",

@@ -438,27 +438,37 @@ CHILDREN = {
 }
 
 
-def run_child(kind: str, args: dict) -> dict:
+def run_child(kind: str, args: dict, timeout: float | None = None) -> dict:
     """Runs ``CHILDREN[kind](args)`` in a fresh Python process; its result,
-    with ``ru_maxrss`` (bytes) of the child as the parent's ``wait4`` sees it."""
+    with ``ru_maxrss`` (bytes) and CPU seconds of the child as the parent's
+    ``wait4`` sees them. A child still running after ``timeout`` seconds is
+    killed: ``{"timeout": timeout}``."""
     env = dict(os.environ, CALIB_JAX_PROGRESS="0")
-    with tempfile.TemporaryFile("w+") as err:
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(
             [sys.executable, __file__, "--child", kind, json.dumps(args)],
-            stdout=subprocess.PIPE,
+            stdout=out,
             stderr=err,
-            text=True,
             env=env,
         )
-        stdout = proc.stdout.read()
-        proc.stdout.close()
-        _, status, usage = os.wait4(proc.pid, 0)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                proc.kill()
+                os.wait4(proc.pid, 0)
+                proc.returncode = -9
+                return {"timeout": timeout}
+            time.sleep(0.2)
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode != 0:
             err.seek(0)
             tail = err.read()[-3000:]
             raise RuntimeError(f"child {kind!r} failed ({proc.returncode}):\n{tail}")
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+        out.seek(0)
+        lines = [ln for ln in out.read().splitlines() if ln.startswith("RESULT ")]
     result = json.loads(lines[-1][len("RESULT ") :])
     result["ru_maxrss"] = usage.ru_maxrss * 1024
     result["cpu_seconds"] = usage.ru_utime + usage.ru_stime
@@ -659,15 +669,21 @@ def cpu_section(r: dict) -> str:
     )
     values = ", ".join(f"{key} {streamed['values'][key]:.5f}" for key in NAMES)
     ts = r.get("ts", {})
-    ts_line = (
-        f"- TS fit: {ts['missing']}; not measured."
-        if "missing" in ts
-        else f"- TS fit (`fit_of_chunks('ts:nll')`, L-BFGS on log T, one pass over "
-        f"the chunks per evaluation) over the first {ts['rows']:,} rows: "
-        f"T = {ts['temperature']:.4f} after {ts['passes']} passes, "
-        f"{ts['seconds']:.1f} s ({ts['seconds'] / ts['passes']:.1f} s a pass, "
-        f"compile included), peak {_gb(ts['vmhwm'])}."
-    )
+    if "missing" in ts:
+        ts_line = f"- TS fit: {ts['missing']}; not measured."
+    elif "timeout" in ts:
+        ts_line = (
+            f"- TS fit (`fit_of_chunks('ts:nll')`) over {ts['rows']:,} rows: "
+            f"stopped unfinished after {ts['timeout']:.0f} s; not measured."
+        )
+    else:
+        ts_line = (
+            f"- TS fit (`fit_of_chunks('ts:nll')`, L-BFGS on log T, one pass over "
+            f"the chunks per evaluation) over the first {ts['rows']:,} rows: "
+            f"T = {ts['temperature']:.4f} after {ts['passes']} passes, "
+            f"{ts['seconds']:.1f} s ({ts['seconds'] / ts['passes']:.1f} s a pass, "
+            f"compile included), peak {_gb(ts['vmhwm'])}."
+        )
     verdict_ratio = "meets" if ratio >= RATIO_TARGET else "misses"
     verdict_peak = "meets" if peak <= PEAK_TARGET else "misses"
     parts = r["parts"]
@@ -786,16 +802,6 @@ def run_cpu(opts) -> dict:
     r["parts"] = run_child(
         "parts", {"num_classes": opts.classes, "chunk_rows": opts.chunk_rows}
     )
-    ts_paths = paths
-    if opts.ts_rows:
-        ts_paths = paths[: math.ceil(opts.ts_rows / opts.shard_rows)]
-    if opts.cache == "cold":
-        drop_cache(files)
-    r["ts"] = run_child(
-        "ts", {"shards": [str(p) for p in ts_paths], "chunk_rows": opts.chunk_rows}
-    )
-    r["ts"]["rows"] = min(len(ts_paths) * opts.shard_rows, opts.rows)
-    print(f"ts: {r['ts']}", flush=True)
     peer_rows = min(opts.peer_rows, opts.rows)
     # The loaded process's peak before any row is read: a peer child of 1 row.
     r["peer"] = run_child(
@@ -805,6 +811,18 @@ def run_cpu(opts) -> dict:
         "peer", {"shards": [str(p) for p in paths], "rows": 1}
     )["vmhwm"]
     print(f"peer: {r['peer']['seconds']:.1f} s", flush=True)
+    ts_paths = paths
+    if opts.ts_rows:
+        ts_paths = paths[: math.ceil(opts.ts_rows / opts.shard_rows)]
+    if opts.cache == "cold":
+        drop_cache(files)
+    r["ts"] = run_child(
+        "ts",
+        {"shards": [str(p) for p in ts_paths], "chunk_rows": opts.chunk_rows},
+        timeout=opts.ts_timeout or None,
+    )
+    r["ts"]["rows"] = min(len(ts_paths) * opts.shard_rows, opts.rows)
+    print(f"ts: {r['ts']}", flush=True)
     return r
 
 
@@ -814,9 +832,12 @@ def main(argv=None) -> None:
     parser.add_argument("--classes", type=int, default=50_257)
     parser.add_argument("--shard_rows", type=int, default=8192)
     parser.add_argument("--chunk_rows", type=int, default=1024)
-    parser.add_argument("--peer_rows", type=int, default=8192)
+    parser.add_argument("--peer_rows", type=int, default=16384)
     parser.add_argument(
         "--ts_rows", type=int, default=0, help="rows of the TS fit (0: all)"
+    )
+    parser.add_argument(
+        "--ts_timeout", type=float, default=0, help="seconds; stop the TS fit after"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -5,7 +5,9 @@ Run from the repository root (issue 23's figure: 100,000 x 50,257, about
 
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/scale.py            # writes RESULTS.md
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/scale.py --rows 2000 --no-write
-    .venv/bin/python benchmarks/scale.py --device --rows 1000000      # an accelerator
+    # on an accelerator: 100 GB of logits in device memory (H200: 141 GB)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 .venv/bin/python benchmarks/scale.py \
+        --device --rows 1000000
 
 Shards (``--dir``, reused when a run with the same sizes left them there):
 ``logits-00000.npy`` (bf16 ``[n, K]``, C order) and

@@ -13,7 +13,21 @@ Examples::
 ``--val``/``--test`` name two ``.npz`` files of ``logits [N, K]`` and
 ``labels [N]`` (other keys: ``--logits_key``, ``--labels_key``). Each
 ``--method`` (repeatable, or a comma-separated list) is fitted on val and
-scored on test and every shift. Under ``--out`` (default ``RUN/posthoc``, or
+scored on test and every shift.
+
+``--val`` may instead name shards of validation logits too large for memory:
+a glob (``'val-*.npy'``, ``'gs://b/run/val-*.npz'``), a comma-separated list
+of paths, or one ``.npy`` file; ``.npz`` shards hold ``logits`` and
+``labels``, an ``.npy`` shard its logits (bf16, fp16 or float32) with its
+labels beside it in ``<stem>.labels.npy`` (:mod:`calib_jax.chunks`). They
+are read a chunk at a time: the TS methods (``ts``, ``ts:nll``,
+``ts:sb_ece``) are fitted by :func:`calib_jax.posthoc.fit_of_chunks` (the
+temperature of the in-memory fit, memory bounded by a chunk), and the val
+metrics come from :func:`calib_jax.metrics.summary_of_chunks`. Every other
+method needs the val logits in memory and is refused (one line, status 2)
+with shards: give one ``.npz``. With shards no ``calibrated/<method>/val.npz``
+is written (it would be as large as the shards; apply the saved calibrator
+to them instead). Under ``--out`` (default ``RUN/posthoc``, or
 ``<test stem>_posthoc/`` beside the test file):
 
 - ``table.md``: the printed tables (test, and the mean over the shifts);
@@ -51,9 +65,9 @@ import numpy as np
 from absl import flags
 
 from calib_jax import _cli as entry
-from calib_jax import posthoc, storage
+from calib_jax import chunks, posthoc, storage
 from calib_jax import progress as progress_lib
-from calib_jax.posthoc import _binary, _temperature, _validate
+from calib_jax.posthoc import _binary, _streamed, _temperature, _validate
 from calib_jax.posthoc import _cli_files as files
 from calib_jax.posthoc import _cli_report as report
 from calib_jax._cli import UserError
@@ -74,7 +88,13 @@ def _define(fv: flags.FlagValues) -> None:
         "every shift (instead of --val/--test)",
         **kw,
     )
-    flags.DEFINE_string("val", None, "validation .npz (the fit set)", **kw)
+    flags.DEFINE_string(
+        "val",
+        None,
+        "validation .npz (the fit set), or its shards: a glob, a "
+        "comma-separated list, or an .npy file (TS methods only)",
+        **kw,
+    )
     flags.DEFINE_string("test", None, "test .npz (the evaluation set)", **kw)
     flags.DEFINE_multi_string(
         "method",
@@ -171,17 +191,37 @@ def _splits(fv):
     return None, files.given_splits(fv.val, fv.test)
 
 
+def _check_shards(split, methods, fv) -> None:
+    """UserError before any work when a sharded ``--val`` cannot serve the run."""
+    refused = [m for m in methods if m not in _streamed.STREAMED]
+    if refused:
+        raise UserError(
+            f"{split.what}: only TS fits stream over shards "
+            f"({', '.join(_streamed.STREAMED)}); --method {refused[0]} needs the "
+            "val logits in memory: give one --val .npz."
+        )
+    if (fv.logits_key, fv.labels_key) != ("logits", "labels"):
+        raise UserError(
+            f"{split.what}: --logits_key/--labels_key apply to .npz files; "
+            "shards hold 'logits' and 'labels'."
+        )
+
+
 def _load(splits, fv) -> dict:
-    """Every split's (logits, labels) as checked JAX arrays, before any fit."""
+    """Every split's (logits, labels) as checked JAX arrays, before any fit;
+    a sharded val as its :class:`~calib_jax.chunks.ChunkSource`."""
     data = {}
     for split in splits:
+        if split.shards is not None:
+            data[split.key] = files.val_source(split)
+            continue
         logits, labels = files.load_split(split, fv.logits_key, fv.labels_key)
         try:
             logits, labels, _ = _validate.check_inputs(logits, labels, name="logits")
         except (ValueError, TypeError) as err:
             raise UserError(f"{split.what}: {err}") from None
         data[split.key] = (logits, labels)
-    k = data["val"][0].shape[1]
+    k = _num_classes(data["val"])
     for split in splits[1:]:
         if data[split.key][0].shape[1] != k:
             raise UserError(
@@ -189,6 +229,12 @@ def _load(splits, fv) -> dict:
                 f"the val logits have K = {k}."
             )
     return data
+
+
+def _num_classes(val) -> int:
+    if isinstance(val, chunks.ChunkSource):
+        return val.num_classes
+    return val[0].shape[1]
 
 
 def _progress(total: int, first: str):
@@ -217,7 +263,10 @@ def _fit(name, val, seed):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", posthoc.SuspiciousFitWarning)
         try:
-            cal = posthoc.fit(name, *val, **kwargs)
+            if isinstance(val, chunks.ChunkSource):
+                cal = posthoc.fit_of_chunks(name, val)
+            else:
+                cal = posthoc.fit(name, *val, **kwargs)
             jax.block_until_ready(cal.params)
         except (ValueError, TypeError) as err:
             raise UserError(f"{name}: {err}") from None
@@ -236,6 +285,8 @@ def run(fv: flags.FlagValues) -> int:
     """Runs the command on parsed flags; raises :class:`UserError` for user errors."""
     methods = _methods(fv.method, fv.objective)
     workdir, splits = _splits(fv)
+    if splits[0].shards is not None:
+        _check_shards(splits[0], methods, fv)
     out = files.output_dir(fv.out, workdir, splits[1])
     if not fv.overwrite:
         existing = files.first_existing(files.outputs(out, methods))
@@ -254,7 +305,7 @@ def run(fv: flags.FlagValues) -> int:
 def _run(fv, methods, workdir, splits, out, written) -> int:
     data = _load(splits, fv)
     val, (test_logits, test_labels) = data["val"], data["test"]
-    k = val[0].shape[1]
+    k = _num_classes(val)
     for name in methods:
         if name in posthoc.BINARY_ONLY:
             try:
@@ -299,7 +350,7 @@ def _run(fv, methods, workdir, splits, out, written) -> int:
     print(table, end="")
     payload = {
         "workdir": str(workdir) if workdir is not None else None,
-        "inputs": {s.key: str(s.path) for s in splits},
+        "inputs": {s.key: s.shards or str(s.path) for s in splits},
         "num_bins": fv.num_bins,
         "metrics": {
             "ece": f"top-label, {fv.num_bins} equal-width bins, l1",
@@ -337,6 +388,12 @@ def _score(name, fitted, splits, data, out, fv, bar, written) -> dict:
             raise UserError(str(err)) from None
         storage.make_dirs(out / files.CALIBRATED / fname)
     for split in splits:
+        if split.shards is not None:  # streamed; no calibrated copy of shards
+            scores[split.key] = report.metrics_of_chunks(
+                data[split.key], None if cal is None else cal.apply, fv.num_bins
+            )
+            bar.update(1)
+            continue
         logits, labels = data[split.key]
         if cal is None:
             z = logits.astype(np.float32)

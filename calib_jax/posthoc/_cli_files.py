@@ -3,7 +3,9 @@
 Inputs are ``.npz`` files of logits and labels: ``--val`` and ``--test``, or
 the files a training run exported under ``<workdir>/logits/`` (``val.npz``,
 ``test.npz`` and one ``shift_<corruption>_<severity>.npz`` per shifted test
-set). Outputs go under one directory. Every path goes through
+set). ``--val`` may also name shards (:func:`is_shards`: a glob, a
+comma-separated list, or an ``.npy`` file), read a chunk at a time by
+:class:`calib_jax.chunks.ChunkSource` (:func:`val_source`). Outputs go under one directory. Every path goes through
 :mod:`calib_jax.storage` (``etils.epath``), so local paths and ``gs://`` URLs
 behave alike. Every user error is a :class:`UserError` with a one-line message.
 """
@@ -19,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 from etils import epath
 
-from calib_jax import _cli, _memory, storage
+from calib_jax import _cli, _memory, chunks, storage
 from calib_jax._cli import UserError
 from calib_jax.posthoc import _matrix
 
@@ -57,12 +59,43 @@ class Split(NamedTuple):
         ``'shift_<corruption>_<severity>.npz'``).
       path: where its logits are read from.
       what: how messages name it (``"--val file 'v.npz'"``).
+      shards: the ``--val`` value when it names shards (then ``path`` is
+        None), else None.
     """
 
     key: str
     file: str
-    path: epath.Path
+    path: epath.Path | None
     what: str
+    shards: str | None = None
+
+
+def is_shards(value: str) -> bool:
+    """Whether a ``--val`` value names shards rather than one ``.npz``: a glob
+    (``'val-*.npy'``), a comma-separated list of paths, or an ``.npy`` file
+    (its labels beside it in ``<stem>.labels.npy``)."""
+    return glob_magic(value) or "," in value or value.endswith(".npy")
+
+
+def glob_magic(value: str) -> bool:
+    """Whether ``value`` holds a glob wildcard (``*``, ``?``, ``[``)."""
+    return any(c in value for c in "*?[")
+
+
+def val_source(split: Split) -> chunks.ChunkSource:
+    """The chunk source of a sharded ``--val`` (headers read, no data).
+
+    Raises:
+      UserError: one line naming the shard: a glob that matches nothing, a
+        missing file or labels file, shards whose classes or dtypes disagree,
+        arrays of the wrong kind.
+    """
+    spec = split.shards
+    paths = spec if glob_magic(spec) else [p for p in spec.split(",") if p]
+    try:
+        return chunks.ChunkSource(paths, key="logits", progress_bar=False)
+    except ValueError as err:
+        raise UserError(f"--val: {err}") from None
 
 
 def as_path(value: str, what: str) -> epath.Path:
@@ -81,9 +114,17 @@ def file_name(method: str) -> str:
 
 
 def given_splits(val: str, test: str) -> list[Split]:
-    """The ``--val``/``--test`` pair as splits (the files must exist)."""
+    """The ``--val``/``--test`` pair as splits (the files must exist; a
+    sharded ``--val`` is checked by :func:`val_source`)."""
     splits = []
-    for key, value in (("val", val), ("test", test)):
+    if is_shards(val):
+        splits.append(Split("val", "val.npz", None, f"--val shards {val!r}", val))
+    if is_shards(test):
+        raise UserError(
+            f"--test {test!r} names shards; --test takes one .npz file (shards "
+            "are read for --val, the fit set)."
+        )
+    for key, value in (("val", val), ("test", test))[len(splits) :]:
         path = as_path(value, f"--{key}")
         what = f"--{key} file {value!r}"
         if not path.exists():
@@ -211,7 +252,8 @@ def load_split(split: Split, logits_key: str, labels_key: str):
 def check_sizes(splits, methods, num_bins: int, logits_key: str) -> None:
     """UserError when the bins or a method's parameters cannot fit in memory,
     from the val file's header (before its logits are read)."""
-    shape = logits_shape(splits[0], logits_key)
+    first = next(s for s in splits if s.shards is None)  # a sharded val: test
+    shape = logits_shape(first, logits_key)
     if shape is None or len(shape) != 2:
         return  # load_split names what is wrong with the file
     k = shape[1]

@@ -22,6 +22,25 @@ def metrics(probs, labels, num_bins) -> dict[str, float]:
     return {k: float(v) for k, v in values.items()}
 
 
+def metrics_of_chunks(source, apply, num_bins) -> dict[str, float]:
+    """:func:`metrics` of sharded logits, a chunk at a time
+    (:func:`calib_jax.metrics.summary_of_chunks` from logits): ``apply`` maps
+    each chunk's logits to calibrated ones (None: the logits as they are)."""
+    pairs = (
+        (chunk.x if apply is None else np.asarray(apply(chunk.x)), chunk.labels)
+        for chunk in source
+    )
+    values = metrics_lib.summary_of_chunks(
+        pairs,
+        from_logits=True,
+        num_bins=num_bins,
+        names=metrics_lib.SPLIT_METRICS,
+        chunk_rows=source.chunk_rows,
+        progress_bar=False,
+    )
+    return {k: float(v) for k, v in values.items()}
+
+
 def params_summary(cal, test_logits) -> dict:
     """JSON summary of a fitted calibrator's parameters (PTS: the range of its
     per-example temperatures on ``test_logits``)."""

@@ -277,7 +277,11 @@ class _Passes:
                 if checks is not None:
                     spans = chunk._replace(x=None, labels=None)
                     checks.append((spans, _chunk_checks(x, labels, valid), valid.sum()))
-                carry = step(carry, x, labels, valid)
+                previous, carry = carry, step(carry, x, labels, valid)
+                # One step in flight while the host reads the next chunk: its
+                # temporaries (a few [rows, K] float32 arrays) and two chunks
+                # are the memory bound.
+                jax.block_until_ready(previous)
                 bar.update(1)
         if checks is not None:
             self._raise_for_checks(checks)

@@ -694,10 +694,12 @@ def cpu_section(r: dict) -> str:
     )
     streamed_ns = streamed["cpu"] / (n * k) * 1e9
     return f"""\
-{machine_line()}; {r["cpu_count"]} cores shared with other work during the run.
-`JAX_PLATFORMS=cpu .venv/bin/python benchmarks/scale.py` ({n:,} rows x
-{k:,} classes of bf16 logits, {_gb(r["data_bytes"])} in {r["num_shards"]} `.npy`
-shards of {r["shard_rows"]:,} rows plus labels; chunks of {r["chunk_rows"]:,} rows).
+Machine: {machine_line()}; load average at start {r["load"]:.1f} (the cores
+are shared with other jobs: wall times are noisy, CPU seconds less so).
+Command: `JAX_PLATFORMS=cpu .venv/bin/python benchmarks/scale.py {r["argv"]}`
+({n:,} rows x {k:,} classes of bf16 logits, {_gb(r["data_bytes"])} in
+{r["num_shards"]} `.npy` shards of {r["shard_rows"]:,} rows plus labels;
+chunks of {r["chunk_rows"]:,} rows).
 Every step in a subprocess of its own; peak RSS is the child's `VmHWM` (the
 whole process, JAX runtime included). "Cold": the shards' page cache dropped
 with `posix_fadvise(DONTNEED)` just before (the page cache fell by
@@ -781,6 +783,8 @@ def run_cpu(opts) -> dict:
         "chunk_rows": opts.chunk_rows,
         "data_bytes": data,
         "cpu_count": os.cpu_count(),
+        "load": os.getloadavg()[0],
+        "argv": " ".join(sys.argv[1:]),
         "mem_total": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
     }
     before = cached_bytes()

@@ -385,7 +385,11 @@ def _minimize(evaluate, u0, *, max_iter, tol):
     misses = _MISSES[token] = []
     size = _TABLE_SIZE
     table = np.zeros((3, size), np.float32)
-    filled = 0
+    # The first point the optimizer asks for is u0: evaluated before any run
+    # (the first pass of a fit checks the values before anything compiles).
+    u0 = jnp.asarray(u0, jnp.float32)
+    table[:, 0] = u0, *jax.device_get(evaluate(u0))
+    filled = 1
     try:
         while True:
             misses.clear()

@@ -30,210 +30,37 @@ fetches two scalars per pass.
   :math:`A_j` and :math:`dA_j/du`).
 
 The optimizer is the in-memory fit's own: :func:`calib_jax.posthoc._core.lbfgs_minimize`
-(``optax.lbfgs`` with its zoom line search, the same stopping rule), run with
-``jax.disable_jit`` so that its ``lax.while_loop`` runs on the host and each
-objective evaluation it asks for is a pass over the chunks (the per-chunk
-steps stay compiled). Its iterates are those of the in-memory fit up to the
-float32 rounding of the sums, which are added in another order; the fitted
-temperature equals :func:`calib_jax.posthoc.fit`'s to about 1e-6 relative.
+(``optax.lbfgs`` with its zoom line search, the same stopping rule),
+compiled once and *replayed* (:mod:`._replay`): it runs on a table of the
+evaluations made so far, reports the first point the table lacks, the host
+evaluates it by a pass and runs it again. The runs are deterministic, so
+each repeats the previous one's steps and goes one evaluation further; the
+last one, which lacks nothing, is the in-memory L-BFGS on the objective the
+passes computed (one pass per distinct point, and a compiled run of scalar
+work per pass). Its iterates are those of the in-memory fit up to the
+float32 rounding of the sums, which are added in another order: the fitted
+temperature equals :func:`calib_jax.posthoc.fit`'s within 1e-5 relative (in
+the tests, from bf16 and float32 logits, for the NLL and for SB-ECE with
+``p = 2`` or ``sb_kind='bin'``). SB-ECE ``'lb'`` with ``p = 1`` can be flat
+at its minimum to float32 resolution (1e-7 relative over 1e-4 in :math:`T`):
+both fits then reach the same objective value at temperatures that agree
+only as far as that resolution allows.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 import warnings
 from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import io_callback
 
-from calib_jax import _checks, chunks, losses, progress
-from calib_jax.losses._base import safe_pow
-from calib_jax.posthoc import _calibrator, _core, _methods, _temperature, _validate
+from calib_jax import _checks, chunks, progress
+from calib_jax.posthoc import _calibrator, _chunk_steps, _methods, _replay, _validate
 
 #: The registry names :func:`fit_of_chunks` fits.
 STREAMED = ("ts", "ts:nll", "ts:sb_ece")
-
-
-# ---------------------------------------------------------------------------
-# Per-chunk steps (jitted; compiled once per chunk shape)
-# ---------------------------------------------------------------------------
-
-
-def _upcast(x):
-    x = jnp.asarray(x)
-    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
-
-
-@jax.jit
-def _chunk_checks(x, labels, valid):
-    """``(bad rows, first bad row, correct rows, simplex)`` of one chunk:
-    NaN/inf logits in an included row, the arg-max correctness (the
-    library's rule) and whether its first rows look like probabilities."""
-    z = _upcast(x)
-    bad = valid & ~jnp.all(jnp.isfinite(z), axis=1)
-    correct = valid & (jnp.argmax(z, axis=1) == labels)
-    return (
-        jnp.sum(bad.astype(jnp.int32)),
-        jnp.argmax(bad),
-        jnp.sum(correct.astype(jnp.int32)),
-        _validate.simplex_rows(z, valid),
-    )
-
-
-def _row_constants(x, labels, valid):
-    """Zeroed padding, row maxima and ``m - z_y`` of a chunk (as ``_core.canonical``)."""
-    z = jnp.where(valid[:, None], _upcast(x), 0.0)
-    labels = jnp.where(valid, labels, 0)
-    m = jnp.max(z, axis=1)
-    return z, labels, m, m - _core.pick(z, labels)
-
-
-@jax.jit
-def _nll_step(carry, u, x, labels, valid):
-    """``carry + (sum, d sum / du)`` of the chunk's NLL rows at ``u = log T``."""
-    z, labels, m, a = _row_constants(x, labels, valid)
-    w = valid.astype(z.dtype)
-    value, slope = jax.jvp(
-        lambda v: _temperature.nll_of_log_t(v, z, m, a, w), (u,), (jnp.ones_like(u),)
-    )
-    return carry[0] + value, carry[1] + slope
-
-
-def _empty_bins(num_bins, dtype=jnp.float32):
-    """Per-bin soft sums of no rows: mass ``s``, ``r = sum u(1 - a)``,
-    ``g = sum u(a - c)``, the mean confidence ``mu`` and ``m2 = sum u(c - mu)^2``."""
-    zeros = jnp.zeros((num_bins,), dtype)
-    return {"s": zeros, "r": zeros, "g": zeros, "mu": zeros, "m2": zeros}
-
-
-def _safe_ratio(num, den):
-    """``num / den`` where ``den > 0``, else 0 (finite derivatives either way)."""
-    pos = den > 0
-    return jnp.where(pos, num / jnp.where(pos, den, 1.0), 0.0)
-
-
-def _merge_bins(a, b):
-    """Per-bin sums of two sets of rows: sums add; mean and centred second
-    moment by the pairwise update (Chan, Golub and LeVeque 1979)."""
-    s = a["s"] + b["s"]
-    share = _safe_ratio(b["s"], s)
-    delta = b["mu"] - a["mu"]
-    return {
-        "s": s,
-        "r": a["r"] + b["r"],
-        "g": a["g"] + b["g"],
-        "mu": a["mu"] + delta * share,
-        "m2": a["m2"] + b["m2"] + delta * delta * a["s"] * share,
-    }
-
-
-def _chunk_confidences(u, x, labels, valid, num_bins, sb_temperature):
-    """Top-label confidences of ``z / e^u``, correctness and soft memberships
-    (zero on padding rows) of a chunk, as ``_temperature.sb_ece_objective``."""
-    z, labels, m, _ = _row_constants(x, labels, valid)
-    correct = (jnp.argmax(z, axis=1) == labels).astype(z.dtype)
-    conf = _temperature.top_confidence_of_log_t(u, z, m)
-    member = losses.soft_bin_membership(conf, num_bins, sb_temperature)
-    return conf, correct, jnp.where(valid[:, None], member, 0.0)
-
-
-def _chunk_bins(u, x, labels, valid, num_bins, sb_temperature):
-    """The per-bin soft sums (:func:`_empty_bins`) of one chunk."""
-    conf, correct, member = _chunk_confidences(
-        u, x, labels, valid, num_bins, sb_temperature
-    )
-    s = jnp.sum(member, axis=0)
-    mu = _safe_ratio(jnp.sum(member * conf[:, None], axis=0), s)
-    return {
-        "s": s,
-        "r": jnp.sum(member * (1.0 - correct)[:, None], axis=0),
-        "g": jnp.sum(member * (correct - conf)[:, None], axis=0),
-        "mu": mu,
-        "m2": jnp.sum(member * (conf[:, None] - mu[None, :]) ** 2, axis=0),
-    }
-
-
-@functools.partial(jax.jit, static_argnames=("num_bins",))
-def _bins_step(carry, u, x, labels, valid, sb_temperature, *, num_bins):
-    """``(bins, d bins / du)`` merged with the chunk's, at ``u = log T``."""
-
-    def merged(bins, v):
-        part = _chunk_bins(v, x, labels, valid, num_bins, sb_temperature)
-        return _merge_bins(bins, part)
-
-    return jax.jvp(merged, (carry[0], u), (carry[1], jnp.ones_like(u)))
-
-
-def _occupied(s):
-    """Bins of non-negligible mass (as ``losses.sb_ece_from_confidences``)."""
-    return s > jnp.sqrt(jnp.finfo(s.dtype).tiny)
-
-
-def _bin_accuracy(s, r):
-    """:math:`A_j = 1 - \\sum_i u_{ij}(1 - a_i) / S_j` (Eq. (10))."""
-    return 1.0 - r / jnp.where(_occupied(s), s, 1.0)
-
-
-@functools.partial(jax.jit, static_argnames=("num_bins",))
-def _lb_step(carry, u, acc, dacc, x, labels, valid, sb_temperature, p, *, num_bins):
-    """``carry + (sum, d sum / du)`` of the chunk's Eq. (12) terms
-    :math:`\\sum_{ij} u_{ij} |A_j - c_i|^p` at given bin accuracies ``acc``
-    (their derivative in ``u``: ``dacc``)."""
-
-    def total(v, bin_acc):
-        conf, _, member = _chunk_confidences(
-            v, x, labels, valid, num_bins, sb_temperature
-        )
-        dev = safe_pow(jnp.abs(bin_acc[None, :] - conf[:, None]), p)
-        return jnp.sum(member * dev, axis=0)
-
-    value, slope = jax.jvp(total, (u, acc), (jnp.ones_like(u), dacc))
-    return carry[0] + value, carry[1] + slope
-
-
-def _sb_value(bins, count, p, kind):
-    """SB-ECE (Eqs. (11)-(12)) from the per-bin sums of every row (p = 2 for
-    ``'lb'``)."""
-    s = bins["s"]
-    occupied = _occupied(s)
-    if kind == "bin":
-        gap = bins["g"] / jnp.where(occupied, s, 1.0)
-        total = jnp.sum(jnp.where(occupied, s * safe_pow(jnp.abs(gap), p), 0.0))
-    else:
-        dev = _bin_accuracy(s, bins["r"]) - bins["mu"]
-        total = jnp.sum(jnp.where(occupied, bins["m2"] + s * dev * dev, 0.0))
-    return safe_pow(total / count, 1.0 / p)
-
-
-@functools.partial(jax.jit, static_argnames=("kind",))
-def _sb_finish(bins, dbins, count, p, *, kind):
-    """``(value, d value / du)`` of SB-ECE from the merged bins and their tangent."""
-    return jax.jvp(lambda b: _sb_value(b, count, p, kind), (bins,), (dbins,))
-
-
-@jax.jit
-def _accuracy_of_bins(bins, dbins):
-    """``(A, dA/du, occupied)`` of the merged bins (the first ``'lb'`` pass)."""
-    acc, dacc = jax.jvp(
-        lambda s, r: _bin_accuracy(s, r),
-        (bins["s"], bins["r"]),
-        (dbins["s"], dbins["r"]),
-    )
-    return acc, dacc, _occupied(bins["s"])
-
-
-@jax.jit
-def _lb_finish(total, dtotal, occupied, count, p):
-    """``(value, d value / du)`` of Eq. (12) from the per-bin totals."""
-
-    def value(t):
-        return safe_pow(jnp.sum(jnp.where(occupied, t, 0.0)) / count, 1.0 / p)
-
-    return jax.jvp(value, (total,), (dtotal,))
 
 
 # ---------------------------------------------------------------------------
@@ -246,7 +73,7 @@ class _Passes:
 
     Each pass carries its sums on the device (one jitted step per chunk) and
     fetches nothing until it ends. The first pass also runs
-    :func:`_chunk_checks` per chunk and raises, once it has read every
+    :func:`_chunk_steps.chunk_checks` per chunk and raises, once it has read every
     chunk, the one-line ValueError naming the first row (shard, row, chunk)
     with NaN/inf logits, before the fit returns anything.
     """
@@ -276,7 +103,13 @@ class _Passes:
                 x, labels, valid = self._padded(chunk)
                 if checks is not None:
                     spans = chunk._replace(x=None, labels=None)
-                    checks.append((spans, _chunk_checks(x, labels, valid), valid.sum()))
+                    checks.append(
+                        (
+                            spans,
+                            _chunk_steps.chunk_checks(x, labels, valid),
+                            valid.sum(),
+                        )
+                    )
                 previous, carry = carry, step(carry, x, labels, valid)
                 # One step in flight while the host reads the next chunk: its
                 # temporaries (a few [rows, K] float32 arrays) and two chunks
@@ -317,103 +150,11 @@ class _Passes:
         self.simplex = bool(fetched[0][3])
 
 
-# The points each running fit asked for and the table lacked, by fit token.
-_MISSES: dict[int, list[float]] = {}
-_TOKENS = itertools.count()
-# Evaluations the first table holds (it doubles when full).
-_TABLE_SIZE = 32
-
-
-def _record_miss(token, u):
-    _MISSES[int(token)].append(float(u))
-    return np.zeros((), np.int32)
-
-
-@jax.jit
-def _replay(points, values, slopes, filled, u0, tol, max_iter, token):
-    """:func:`_core.lbfgs_minimize` from ``u0`` on a table of evaluations.
-
-    The objective is looked up in the first ``filled`` entries of
-    ``(points, values, slopes)`` (value and derivative at ``u = log T``,
-    matched bit for bit). A point the table lacks is reported to the host
-    (:func:`_record_miss`) and gives NaN, which ends the run. The run is
-    deterministic, so once the host has added that point, the next run
-    repeats every step up to it and goes on: the last run, with no miss, is
-    the L-BFGS of the in-memory fit on the objective the passes computed.
-    """
-
-    def look(u):
-        hit = (points == u) & (jnp.arange(points.shape[0]) < filled)
-        found = jnp.any(hit)
-        i = jnp.argmax(hit)
-        jax.lax.cond(
-            found,
-            lambda: jnp.zeros((), jnp.int32),
-            lambda: io_callback(
-                _record_miss,
-                jax.ShapeDtypeStruct((), jnp.int32),
-                token,
-                u,
-                ordered=True,
-            ),
-        )
-        nan = jnp.full((), jnp.nan, values.dtype)
-        return jnp.where(found, values[i], nan), jnp.where(found, slopes[i], nan)
-
-    @jax.custom_jvp
-    def objective(u):
-        return look(u)[0]
-
-    @objective.defjvp
-    def _(primals, tangents):
-        value, slope = look(primals[0])
-        return value, slope * tangents[0]
-
-    u, _ = _core.lbfgs_minimize(objective, u0, max_iter=max_iter, gtol=tol)
-    return u
-
-
-def _minimize(evaluate, u0, *, max_iter, tol):
-    """L-BFGS (the in-memory fit's) of ``evaluate: u -> (value, d/du)``, whose
-    every call is a pass over the chunks, from ``u0``; returns ``u``.
-
-    Runs :func:`_replay` until it asks for no new point: one pass per
-    distinct point the optimizer evaluates, one cheap compiled run (scalar
-    work) per pass.
-    """
-    token = next(_TOKENS)
-    misses = _MISSES[token] = []
-    size = _TABLE_SIZE
-    table = np.zeros((3, size), np.float32)
-    # The first point the optimizer asks for is u0: evaluated before any run
-    # (the first pass of a fit checks the values before anything compiles).
-    u0 = jnp.asarray(u0, jnp.float32)
-    table[:, 0] = u0, *jax.device_get(evaluate(u0))
-    filled = 1
-    try:
-        while True:
-            misses.clear()
-            u = _replay(*table, filled, u0, tol, max_iter, token)
-            jax.block_until_ready(u)
-            jax.effects_barrier()
-            if not misses:
-                return u
-            point = np.float32(misses[0])
-            value, slope = jax.device_get(evaluate(jnp.asarray(point)))
-            if filled == size:
-                size *= 2
-                table = np.concatenate([table, np.zeros_like(table)], axis=1)
-            table[:, filled] = point, value, slope
-            filled += 1
-    finally:
-        del _MISSES[token]
-
-
 def _nll_objective(passes: _Passes):
     def evaluate(u):
         zero = jnp.zeros((), u.dtype)
         total, slope = passes.run(
-            lambda c, x, y, v: _nll_step(c, u, x, y, v), (zero, zero)
+            lambda c, x, y, v: _chunk_steps.nll_step(c, u, x, y, v), (zero, zero)
         )
         n = jnp.asarray(passes.count, u.dtype)
         return total / n, slope / n
@@ -425,25 +166,25 @@ def _sb_ece_objective(passes, *, num_bins, sb_temperature, p, kind):
     one_pass = kind == "bin" or p == 2.0
 
     def evaluate(u):
-        empty = _empty_bins(num_bins, u.dtype)
+        empty = _chunk_steps.empty_bins(num_bins, u.dtype)
         bins, dbins = passes.run(
-            lambda c, x, y, v: _bins_step(
+            lambda c, x, y, v: _chunk_steps.bins_step(
                 c, u, x, y, v, sb_temperature, num_bins=num_bins
             ),
             (empty, empty),
         )
         count = jnp.asarray(passes.count, u.dtype)
         if one_pass:
-            return _sb_finish(bins, dbins, count, p, kind=kind)
-        acc, dacc, occupied = _accuracy_of_bins(bins, dbins)
+            return _chunk_steps.sb_finish(bins, dbins, count, p, kind=kind)
+        acc, dacc, occupied = _chunk_steps.accuracy_of_bins(bins, dbins)
         zero = jnp.zeros((num_bins,), u.dtype)
         total, dtotal = passes.run(
-            lambda c, x, y, v: _lb_step(
+            lambda c, x, y, v: _chunk_steps.lb_step(
                 c, u, acc, dacc, x, y, v, sb_temperature, p, num_bins=num_bins
             ),
             (zero, zero),
         )
-        return _lb_finish(total, dtotal, occupied, count, p)
+        return _chunk_steps.lb_finish(total, dtotal, occupied, count, p)
 
     return evaluate
 
@@ -497,7 +238,8 @@ def fit_of_chunks(
 
     The temperature equals the in-memory fit's to float32 rounding (the sums
     are added in another order): within 1e-5 relative in the tests, from
-    bf16 and float32 logits.
+    bf16 and float32 logits (SB-ECE ``'lb'`` with ``p = 1``: the same
+    objective value; see the module docstring).
 
     Args:
       name: ``'ts'``, ``'ts:nll'`` or ``'ts:sb_ece'`` (other calibrators are
@@ -581,11 +323,11 @@ def fit_of_chunks(
     with outer:
         passes = _Passes(source, desc=desc, bar=outer)
         dtype = jnp.float32
-        u = _minimize(
+        u = _replay.minimize(
             _nll_objective(passes), jnp.zeros((), dtype), max_iter=max_iter, tol=tol
         )
         if objective == "sb_ece":
-            u = _minimize(
+            u = _replay.minimize(
                 _sb_ece_objective(
                     passes,
                     num_bins=num_bins,

@@ -7,13 +7,17 @@ runs on a restored checkpoint or on exported logits:
 - :func:`resolve_shifts` and :func:`resolve_ood` turn ``config.shifts`` and
   ``config.ood`` into the shifted test sets and the OOD set;
 - :func:`eval_sets` lists every set in a fixed order (``val``, ``test``, each
-  shift, ``ood``) and :func:`collect` gathers their logits, padded and masked,
-  never dropping a remainder;
-- :func:`score` turns logits into the metrics (``<set>/<metric>``,
-  ``shift/mean/<metric>``, ``ood/<metric>``); it is a function of the logits
-  alone, so scoring exported logits gives the trainer's numbers bit for bit;
+  shift, ``ood``) and :func:`collect` scores their batches, padded and masked,
+  never dropping a remainder, where the logits are: per-row values and
+  class-wise sums on the devices (:mod:`calib_jax.train.scoring`), gathered
+  across processes as ``O(N)`` rows, never as ``[N, K]`` logits;
+- :func:`score_sets` turns them into the metrics (``<set>/<metric>``,
+  ``shift/mean/<metric>``, ``ood/<metric>``), and :func:`score` computes the
+  same from logits (exported ones): the row metrics bit for bit, the
+  class-wise ECE to float32 rounding;
 - :func:`export_logits` and :func:`read_logits` write and read
-  ``<dir>/<set>.npz``;
+  ``<dir>/<set>.npz`` (one process) or each process's shard of it,
+  ``<dir>/<set>.process-<i>-of-<n>.npz``;
 - :func:`evaluator` puts these together into the trainer's
   ``evaluate(state, export=..., progress=...)``;
 - with ``config.mc_dropout.num_samples > 0``, :func:`mc_dropout_step` is the
@@ -34,7 +38,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from etils import epath
-from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
 
 from calib_jax import data as data_lib
@@ -43,7 +46,7 @@ from calib_jax import progress as progress_lib
 from calib_jax.data import augment as augment_lib
 from calib_jax.data import corruptions, pipeline
 from calib_jax.data import prefetch as prefetch_lib
-from calib_jax.train import sharded_step
+from calib_jax.train import scoring, sharded_step
 from calib_jax.train.state import variables as state_variables
 
 SPLIT_METRICS = metrics.SPLIT_METRICS
@@ -54,60 +57,96 @@ SHIFT_SEED = 10_000
 OOD_KEY = "ood"
 # The per-row field MC dropout adds to a set's outputs and its .npz file.
 MUTUAL_INFORMATION = "mutual_information"
+# The field of a process's shard of exported logits that holds its rows'
+# positions in the set (int64 [n]).
+ROW_INDEX = "rows"
 
 
-def collect_logits(
+@dataclasses.dataclass
+class SetResult:
+    """One evaluated set: its rows from every process, its logits from this one.
+
+    Attributes:
+      rows: the whole set's per-row values (:class:`scoring.SetRows`), the
+        same on every process.
+      stats: the class-wise binned sums (None for the OOD set).
+      logits: float32 ``[n, K]``, this process's rows of the set (None when
+        not kept); the whole set with one process.
+      labels: int32 ``[n]``, their labels.
+      index: int64 ``[n]``, their positions in the set.
+      fields: this process's rows of the eval step's other per-row fields
+        (MC dropout's ``mutual_information``).
+    """
+
+    rows: scoring.SetRows
+    stats: metrics.BinnedStats | None
+    logits: np.ndarray | None = None
+    labels: np.ndarray | None = None
+    index: np.ndarray | None = None
+    fields: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+def collect_set(
     eval_step: Callable,
     state,
-    batches: Iterable[dict[str, np.ndarray]],
-    put: Callable[[dict], dict] | None,
+    batches: Iterable[dict],
     transform: Callable[[jax.Array, int], jax.Array] | None = None,
     *,
-    extra: dict[str, np.ndarray] | None = None,
+    num_rows: int,
+    split: bool = True,
     mc_tag: int | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Runs ``eval_step`` over every batch and returns the unpadded logits and labels.
+    keep_logits: bool = False,
+) -> SetResult:
+    """Runs ``eval_step`` over every batch of a set and scores it on the devices.
+
+    Each batch's logits stay where they were computed: their per-row values
+    and class-wise sums are accumulated on the devices
+    (:class:`scoring.SetScorer`) and gathered across processes once, as
+    ``[B]`` rows; with ``keep_logits`` this process copies its own rows of
+    the logits to the host (what it exports), and no other process's.
 
     Args:
       eval_step: jitted ``(state, images) -> logits`` over the data mesh;
         with ``mc_tag``, :func:`mc_dropout_step`'s ``(state, images, tag,
         first_row) -> {'logits', 'mutual_information'}``.
       state: the train state.
-      batches: padded batches with ``image``, ``label``, ``mask``: this
-        process's slices (assembled by ``put``) or global arrays.
-      put: assembles a process-local batch into global arrays; None when
-        ``batches`` are global arrays already.
+      batches: padded global batches with ``image``, ``label``, ``mask``.
       transform: optional ``(images, batch_index) -> images`` on device (a
         corruption for shifted evaluation).
-      extra: with ``mc_tag``, a dict that receives the per-row fields other
-        than ``logits`` of the whole split (``mutual_information [N]``).
+      num_rows: the set's rows (:func:`scoring.block_rows`).
+      split: score the split metrics (False for the OOD set).
       mc_tag: the set's tag for :func:`mc_dropout_step` (:func:`mc_set_tag`);
         None for a plain eval step.
-
-    Returns:
-      ``(logits float32 [N, K], labels int32 [N])`` of the whole split, on
-      every process (gathered once per batch, padding removed).
+      keep_logits: keep this process's rows of the logits.
     """
-    all_logits, all_labels, fields = [], [], {}
-    for i, local in enumerate(batches):
-        batch = put(local) if put is not None else local
+    scorer = scoring.SetScorer(num_rows, split=split)
+    local: dict[str, list[np.ndarray]] = {}
+    for i, batch in enumerate(batches):
         images = batch["image"] if transform is None else transform(batch["image"], i)
         if mc_tag is None:
             out = {"logits": eval_step(state, images)}
         else:  # rows are numbered through the set: batch i starts at i * B
             first_row = np.int32(i * images.shape[0])
             out = eval_step(state, images, np.int32(mc_tag), first_row)
-        gathered = multihost_utils.process_allgather(
-            dict(out, label=batch["label"], mask=batch["mask"]), tiled=True
-        )
-        keep = np.asarray(gathered["mask"], bool)
-        all_logits.append(np.asarray(gathered["logits"])[keep])
-        all_labels.append(np.asarray(gathered["label"])[keep])
-        for name in out.keys() - {"logits"}:
-            fields.setdefault(name, []).append(np.asarray(gathered[name])[keep])
-    if extra is not None:
-        extra.update({name: np.concatenate(v) for name, v in fields.items()})
-    return np.concatenate(all_logits), np.concatenate(all_labels).astype(np.int32)
+        fields = {name: v for name, v in out.items() if name != "logits"}
+        scorer.add(out["logits"], batch["label"], batch["mask"], **fields)
+        if keep_logits:
+            mask, index = scoring.local_rows(batch["mask"])
+            for name, x in dict(out, label=batch["label"]).items():
+                local.setdefault(name, []).append(scoring.local_rows(x)[0][mask])
+            local.setdefault("index", []).append(index[mask] + i * images.shape[0])
+    rows, stats = scorer.finish()
+    if not keep_logits:
+        return SetResult(rows, stats)
+    kept = {name: np.concatenate(v) for name, v in local.items()}
+    return SetResult(
+        rows,
+        stats,
+        logits=kept.pop("logits"),
+        labels=kept.pop("label").astype(np.int32),
+        index=kept.pop("index").astype(np.int64),
+        fields=kept,
+    )
 
 
 def split_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
@@ -318,9 +357,9 @@ def collect(
     batch_size: int,
     progress: Callable[[str, int], None] | None = None,
     mc_dropout: bool = False,
-    extras: dict[str, dict[str, np.ndarray]] | None = None,
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{key: (logits, labels)}`` of every set, in order.
+    keep_logits: bool = False,
+) -> dict[str, SetResult]:
+    """``{key: SetResult}`` of every set, in order (:func:`collect_set`).
 
     Args:
       sets: from :func:`eval_sets`.
@@ -331,27 +370,24 @@ def collect(
       batch_size: the global eval batch size (for ``progress``).
       progress: optional ``(key, images) -> None`` called after each batch.
       mc_dropout: whether ``eval_step`` is :func:`mc_dropout_step`'s.
-      extras: optional dict that receives ``{key: {'mutual_information':
-        [N]}}`` of every set (MC dropout; nothing otherwise).
+      keep_logits: keep this process's rows of every set's logits.
     """
     out = {}
     for s in sets:
         n = len(s.source)
-        extra: dict[str, np.ndarray] = {}
         with batches(s.source) as placed:
             if progress is not None:
                 placed = _counted(placed, s.key, n, batch_size, progress)
-            out[s.key] = collect_logits(
+            out[s.key] = collect_set(
                 eval_step,
                 state,
                 placed,
-                None,
                 transform=s.transform,
-                extra=extra,
+                num_rows=n,
+                split=s.key != OOD_KEY,
                 mc_tag=mc_set_tag(s.key) if mc_dropout else None,
+                keep_logits=keep_logits,
             )
-        if extras is not None and extra:
-            extras[s.key] = extra
     return out
 
 
@@ -361,6 +397,22 @@ def _counted(placed, key, n, batch_size, progress):
         progress(key, min(batch_size, n - i * batch_size))
 
 
+def _combine(split: dict[str, dict[str, float]], ood) -> dict[str, float]:
+    """The keys of :func:`score` from each set's split metrics and the OOD ones."""
+    results: dict[str, float] = {}
+    per_metric: dict[str, list[float]] = {}
+    for key, values in split.items():
+        for metric, value in values.items():
+            results[f"{key}/{metric}"] = value
+            if key.startswith("shift/"):
+                per_metric.setdefault(metric, []).append(value)
+    for metric, values in per_metric.items():
+        results[f"shift/mean/{metric}"] = float(np.mean(values))
+    for metric, value in (ood or {}).items():
+        results[f"{OOD_KEY}/{metric}"] = value
+    return results
+
+
 def score(logits: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
     """The metrics of every set of ``logits`` (a function of the logits alone).
 
@@ -368,24 +420,31 @@ def score(logits: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
     ``test`` and each ``shift/<corruption>/<severity>`` set (in the order of
     ``logits``), ``shift/mean/<metric>`` (the mean over the shift sets, in
     that order), and ``ood/<metric>`` of :func:`ood_metrics` when ``logits``
-    holds ``'ood'`` and ``'test'``.
+    holds ``'ood'`` and ``'test'``. :func:`score_sets` of the same logits
+    scored batch by batch gives the same keys and values (the class-wise ECE
+    to float32 rounding).
     """
-    results: dict[str, float] = {}
-    per_metric: dict[str, list[float]] = {}
-    for key, (z, y) in logits.items():
-        if key == OOD_KEY:
-            continue
-        for metric, value in split_metrics(z, y).items():
-            results[f"{key}/{metric}"] = value
-            if key.startswith("shift/"):
-                per_metric.setdefault(metric, []).append(value)
-    for metric, values in per_metric.items():
-        results[f"shift/mean/{metric}"] = float(np.mean(values))
+    split = {k: split_metrics(z, y) for k, (z, y) in logits.items() if k != OOD_KEY}
+    ood = None
     if OOD_KEY in logits and "test" in logits:
-        scores = ood_metrics(logits["test"][0], logits[OOD_KEY][0])
-        for metric, value in scores.items():
-            results[f"{OOD_KEY}/{metric}"] = value
-    return results
+        ood = ood_metrics(logits["test"][0], logits[OOD_KEY][0])
+    return _combine(split, ood)
+
+
+def score_sets(results: dict[str, SetResult]) -> dict[str, float]:
+    """:func:`score`'s metrics of sets scored on the devices (:func:`collect`),
+    from their rows and class-wise sums, plus :func:`mc_metrics` of the sets
+    with MC dropout's mutual information."""
+    split = {
+        key: scoring.split_metrics_of_rows(r.rows, r.stats)
+        for key, r in results.items()
+        if key != OOD_KEY
+    }
+    ood = None
+    if OOD_KEY in results and "test" in results:
+        ood = scoring.ood_metrics_of_rows(results["test"].rows, results[OOD_KEY].rows)
+    fields = {key: r.rows.fields for key, r in results.items() if r.rows.fields}
+    return dict(_combine(split, ood), **mc_metrics(fields))
 
 
 def evaluate(
@@ -398,8 +457,10 @@ def evaluate(
     *,
     progress: Callable[[str, int], None] | None = None,
     extras: dict[str, dict[str, np.ndarray]] | None = None,
+    keep_logits: bool = True,
+    rows: dict[str, scoring.SetRows] | None = None,
 ) -> tuple[dict[str, float], dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """Metrics and logits of ``state`` on every set of ``sets``.
+    """Metrics of ``state`` on every set of ``sets``, and this process's logits.
 
     Args:
       config: the run's config (``eval_batch_size``, ``input.prefetch``,
@@ -412,11 +473,20 @@ def evaluate(
       decoded: a :class:`calib_jax.data.cache.SplitCache` (each split decoded
         once).
       progress: as in :func:`collect`.
-      extras: as in :func:`collect` (MC dropout's per-row fields).
+      extras: optional dict that receives, for :func:`export_logits`, this
+        process's per-row fields of each set: MC dropout's
+        ``mutual_information`` and, with more than one process, the rows'
+        positions in the set (:data:`ROW_INDEX`).
+      keep_logits: return this process's logits (False: an empty dict, and
+        nothing is copied to the host but the rows).
+      rows: optional dict that receives every set's
+        :class:`scoring.SetRows` (the whole set, on every process).
 
     Returns:
-      ``(score(logits), logits)``; with MC dropout the metrics also hold
-      :func:`mc_metrics` (``<set>/mutual_information``).
+      ``(score_sets(...), logits)``: the metrics (with MC dropout also
+      :func:`mc_metrics`, ``<set>/mutual_information``) and ``{key:
+      (logits [n, K], labels [n])}`` of this process's rows of each set (the
+      whole set, in order, with one process).
     """
     kw = {
         "batch_size": config.eval_batch_size,
@@ -430,8 +500,7 @@ def evaluate(
         local = pipeline.eval_batches(decoded.get(source), **kw)
         return prefetch_lib.Prefetcher(map(put, local), config.input.prefetch)
 
-    found: dict[str, dict[str, np.ndarray]] = {}
-    logits = collect(
+    found = collect(
         sets,
         eval_step,
         state,
@@ -439,11 +508,21 @@ def evaluate(
         batch_size=config.eval_batch_size,
         progress=progress,
         mc_dropout=mc_dropout_samples(config) > 0,
-        extras=found,
+        keep_logits=keep_logits,
     )
-    if extras is not None:
-        extras.update(found)
-    return dict(score(logits), **mc_metrics(found)), logits
+    if rows is not None:
+        rows.update({key: r.rows for key, r in found.items()})
+    logits = {}
+    for key, r in found.items():
+        if not keep_logits:
+            continue
+        logits[key] = (r.logits, r.labels)
+        fields = dict(r.fields)
+        if jax.process_count() > 1:
+            fields[ROW_INDEX] = r.index
+        if extras is not None and fields:
+            extras[key] = fields
+    return score_sets(found), logits
 
 
 def evaluator(
@@ -462,13 +541,15 @@ def evaluator(
       config, sets, eval_step, put, decoded: as in :func:`evaluate` (with
         MC dropout, ``eval_step`` is :func:`mc_dropout_step`'s).
       logits_dir: where ``export=True`` writes the logits of every set
-        (:func:`export_logits`; process 0 only).
+        (:func:`export_logits`: every process its own rows).
       ood_name: the OOD set's name (its file under ``logits_dir/ood/``).
 
     Returns:
       ``evaluate(state, *, export: bool, progress: int | None = None)``;
       ``progress`` None shows nothing, else the level of the bar over the
-      images (0, or 1 under the benchmark's cell bar).
+      images (0, or 1 under the benchmark's cell bar). Its attribute
+      ``rows`` holds the last evaluation's ``{key: scoring.SetRows}`` (the
+      trainer's final reliability diagram).
     """
 
     def run(state, *, export: bool, progress: int | None = None) -> dict:
@@ -476,6 +557,7 @@ def evaluator(
         total = sum(len(s.source) for s in sets)
         level = progress or 0
         extras: dict[str, dict[str, np.ndarray]] = {}
+        rows: dict[str, scoring.SetRows] = {}
         with progress_lib.Progress(total, enabled=show, level=level) as bar:
             results, logits = evaluate(
                 config,
@@ -486,11 +568,15 @@ def evaluator(
                 decoded,
                 progress=bar,
                 extras=extras,
+                keep_logits=export,
+                rows=rows,
             )
-        if export and jax.process_index() == 0:
+        run.rows = rows
+        if export:
             export_logits(logits_dir, logits, ood_name, extras=extras)
         return results
 
+    run.rows = {}
     return run
 
 
@@ -636,6 +722,16 @@ def logits_file(key: str, ood_name: str = "") -> str:
     return key.replace("/", "_") + ".npz"
 
 
+def shard_file(key: str, ood_name: str, process: int, count: int) -> str:
+    """Process ``process``'s shard of set ``key`` (of ``count`` processes):
+    :func:`logits_file` with ``.process-<i>-of-<n>`` before ``.npz``
+    (``test.process-0-of-2.npz``)."""
+    return (
+        logits_file(key, ood_name)[: -len(".npz")]
+        + f".process-{process}-of-{count}.npz"
+    )
+
+
 def export_logits(
     directory: epath.Path,
     logits: dict[str, tuple[np.ndarray, np.ndarray]],
@@ -643,27 +739,88 @@ def export_logits(
     *,
     extras: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> None:
-    """Writes ``logits [N, K]`` and ``labels [N]`` of every set (``.npz``).
+    """Writes ``logits [n, K]`` and ``labels [n]`` of every set (``.npz``).
 
-    The OOD set's labels are ``-1`` (it has no class of the model). ``extras``
-    (``{key: {field: [N]}}``; MC dropout's ``mutual_information``) become
-    further fields of their set's file.
+    With one process, ``<set>.npz`` holds the whole set (:func:`logits_file`).
+    With more, every process calls it with its own rows and writes its shard
+    :func:`shard_file`, which also holds the rows' positions in the set
+    (``rows``, int64, from ``extras[key][ROW_INDEX]``): no process writes or
+    receives another's logits, and :func:`read_logits` puts the rows back in
+    the set's order. The OOD set's labels are ``-1`` (it has no class of
+    the model). ``extras`` (``{key: {field: [n]}}``; MC dropout's
+    ``mutual_information``) become further fields of their set's file.
+
+    Raises:
+      ValueError: with more than one process, a set without its row
+        positions.
     """
     storage.make_dirs(directory)
+    count = jax.process_count()
     for key, (z, y) in logits.items():
-        path = directory / logits_file(key, ood_name)
+        fields = dict((extras or {}).get(key, {}))
+        if count == 1:
+            name = logits_file(key, ood_name)
+        else:
+            if ROW_INDEX not in fields:
+                raise ValueError(
+                    f"export_logits of {key} from {count} processes needs "
+                    f"extras[{key!r}][{ROW_INDEX!r}], the rows' positions in the set."
+                )
+            name = shard_file(key, ood_name, jax.process_index(), count)
+        path = directory / name
         if key == OOD_KEY:
             storage.make_dirs(path.parent)
-        fields = (extras or {}).get(key, {})
         storage.save_npz(path, logits=z, labels=y, **fields)
 
 
-def _load_set(directory: epath.Path, key: str, ood_name: str):
-    """The exported ``.npz`` of set ``key``; a missing file is a one-line error."""
+def _shards(directory: epath.Path, key: str, ood_name: str) -> list[epath.Path]:
+    """The shard files of set ``key`` in process order ([] when there are none).
+
+    Raises:
+      ValueError: shards of different process counts, or one missing (named).
+    """
+    single = directory / logits_file(key, ood_name)
+    stem = single.name[: -len(".npz")]
+    found = {}
+    for path in single.parent.glob(f"{stem}.process-*-of-*.npz"):
+        i, _, n = path.name[len(stem) + len(".process-") : -len(".npz")].partition(
+            "-of-"
+        )
+        if i.isdigit() and n.isdigit():
+            found[(int(i), int(n))] = path
+    if not found:
+        return []
+    counts = sorted({n for _, n in found})
+    if len(counts) > 1:
+        raise ValueError(
+            f"{single.parent} holds shards of {key} from {counts} processes; "
+            "expected the shards of one run."
+        )
+    n = counts[0]
+    missing = [i for i in range(n) if (i, n) not in found]
+    if missing:
+        name = shard_file(key, ood_name, missing[0], n)
+        raise ValueError(
+            f"{single.parent / name.rpartition('/')[2]} is missing: the export of "
+            f"{key} needs all {n} process shards."
+        )
+    return [found[(i, n)] for i in range(n)]
+
+
+def _load_set(directory: epath.Path, key: str, ood_name: str) -> dict[str, np.ndarray]:
+    """The exported arrays of set ``key``, rows in the set's order: the file
+    :func:`logits_file`, or the shards of :func:`shard_file` put in order by
+    their ``rows`` (which is dropped); a missing file is a one-line error."""
     path = directory / logits_file(key, ood_name)
-    if not path.exists():
+    if path.exists():
+        return storage.load_npz(path)
+    shards = _shards(directory, key, ood_name)
+    if not shards:
         raise ValueError(f"{path} is missing: the run exported no logits of {key}.")
-    return storage.load_npz(path)
+    parts = [storage.load_npz(p) for p in shards]
+    order = np.argsort(np.concatenate([f[ROW_INDEX] for f in parts]), kind="stable")
+    names = [name for name in parts[0] if name != ROW_INDEX]
+    return {name: np.concatenate([f[name] for f in parts])[order] for name in names}
 
 
 def read_logits(
@@ -671,8 +828,12 @@ def read_logits(
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{key: (logits float32, labels int32)}`` of ``keys``, read in that order.
 
+    Reads either layout of :func:`export_logits`: one ``<set>.npz``, or the
+    process shards ``<set>.process-<i>-of-<n>.npz`` (rows put back in the
+    set's order).
+
     Raises:
-      ValueError: a file is missing (named).
+      ValueError: a file or a shard is missing (named).
     """
     out = {}
     for key in keys:
@@ -691,7 +852,7 @@ def read_extras(
     whose file holds that field (a run with MC dropout); others are left out.
 
     Raises:
-      ValueError: a file is missing (named).
+      ValueError: a file or a shard is missing (named).
     """
     out = {}
     for key in keys:
@@ -704,10 +865,12 @@ def read_extras(
 
 
 def exported_shifts(directory: epath.Path) -> list[tuple[str, int]]:
-    """``(corruption, severity)`` of every ``shift_*.npz`` under ``directory``, sorted."""
-    out = []
+    """``(corruption, severity)`` of every shifted set exported under
+    ``directory`` (``shift_*.npz`` files or their process shards), sorted."""
+    out = set()
     for path in directory.glob("shift_*.npz"):
-        corruption_name, _, severity = path.stem[len("shift_") :].rpartition("_")
+        stem = path.name[len("shift_") : -len(".npz")].partition(".process-")[0]
+        corruption_name, _, severity = stem.rpartition("_")
         if corruption_name and severity.isdigit():
-            out.append((corruption_name, int(severity)))
+            out.add((corruption_name, int(severity)))
     return sorted(out)

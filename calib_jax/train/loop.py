@@ -22,7 +22,7 @@ from etils import epath
 from ml_collections import ConfigDict
 
 from calib_jax import progress as progress_lib
-from calib_jax import storage, tensorboard
+from calib_jax import metrics, plots, storage, tensorboard
 from calib_jax.data import prefetch
 from calib_jax.train import metrics_log
 from calib_jax.train import setup as setup_lib
@@ -95,14 +95,18 @@ def _diverged(what: str, ckpt: Checkpointer) -> FloatingPointError:
     )
 
 
-def _reliability_image(tb, workdir: epath.Path, step: int) -> None:
-    """The final test set's reliability diagram, from the exported logits."""
-    path = workdir / "logits" / "test.npz"
-    if isinstance(tb, tensorboard.NoWriter) or not path.exists():
+def _reliability_image(tb, rows, step: int) -> None:
+    """The final test set's reliability diagram, from its top-label rows (the
+    evaluation's per-row confidence and correctness of the whole set)."""
+    if isinstance(tb, tensorboard.NoWriter) or rows is None:
         return
-    f = storage.load_npz(path)
-    tb.reliability(
-        "test/reliability", step, f["logits"], f["labels"], title=f"test, step {step}"
+    if jax.process_index() != 0:
+        return
+    top = metrics.TopLabelRows(rows.confidence, rows.correct)
+    tb.image(
+        "test/reliability",
+        step,
+        plots.reliability_diagram(top, None, title=f"test, step {step}"),
     )
 
 
@@ -250,6 +254,6 @@ def _train(
     summary = run.evaluate(state, export=True, progress=eval_progress)
     writer.write(final_step, summary, replace=True)
     tb.scalars(final_step, summary)
-    _reliability_image(tb, workdir, final_step)
+    _reliability_image(tb, run.evaluate.rows.get("test"), final_step)
     ckpt.save(state)
     return summary

@@ -45,6 +45,7 @@ from calib_jax.conformal._scores import (
     thr_score,
     thr_sets,
 )
+from calib_jax.conformal._streamed import fit_of_chunks
 
 __all__ = [
     "ABSENT",
@@ -61,6 +62,7 @@ __all__ = [
     "coverage_gap",
     "fit",
     "fit_aps",
+    "fit_of_chunks",
     "fit_raps",
     "fit_thr",
     "get_predictor",

@@ -273,11 +273,42 @@ def fit_mondrian(
     u = _uniforms(key, n) if randomized else None
     lam = jnp.asarray(lam, jnp.float32)
     scores = _label_scores(method, logits, labels, u, lam, k_reg=k_reg)
+    return mondrian_of_scores(
+        method,
+        scores,
+        labels,
+        num_classes=k,
+        alpha=alpha,
+        randomized=randomized,
+        lam=lam,
+        k_reg=k_reg,
+        allow_empty=allow_empty,
+        absent=absent,
+    )
+
+
+def mondrian_of_scores(
+    method: str,
+    scores: jax.Array,
+    labels: jax.Array,
+    *,
+    num_classes: int,
+    alpha: float,
+    randomized: bool,
+    lam: jax.Array,
+    k_reg: int,
+    allow_empty: bool,
+    absent: str,
+) -> MondrianPredictor:
+    """The Mondrian predictor of the ``n`` calibration ``scores`` (those of
+    :func:`_label_scores`) and their ``labels``, in any row order (the class
+    counts are checked by the caller for ``absent='error'``)."""
+    n = scores.shape[0]
     qhat, counts = class_quantiles(
         scores,
         labels,
         rank_table(n, alpha),
-        num_classes=int(k),
+        num_classes=int(num_classes),
         absent=absent,
         marginal_rank=_scores.quantile_rank(n, alpha),
     )
@@ -289,7 +320,7 @@ def fit_mondrian(
         randomized=randomized,
         allow_empty=bool(allow_empty),
         alpha=float(alpha),
-        num_classes=int(k),
+        num_classes=int(num_classes),
         num_calibration=int(n),
         class_counts=counts,
         absent=absent,

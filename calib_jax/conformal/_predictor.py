@@ -174,19 +174,45 @@ def fit_predictor(
 ) -> ConformalPredictor:
     """Calibrates ``method`` on checked inputs (see :func:`calib_jax.conformal.fit`)."""
     n, k = logits.shape
-    rank = _scores.quantile_rank(n, alpha)
+    _scores.quantile_rank(n, alpha)  # before scoring: n large enough
     randomized = key is not None and method != "thr"
     u = _uniforms(key, n, jnp.float32) if randomized else None
     lam = jnp.asarray(lam, jnp.float32)
     scores = _scores_core(method, logits, labels, u, lam, k_reg=k_reg)
+    return predictor_of_scores(
+        method,
+        scores,
+        num_classes=k,
+        alpha=alpha,
+        randomized=randomized,
+        lam=lam,
+        k_reg=k_reg,
+        allow_empty=allow_empty,
+    )
+
+
+def predictor_of_scores(
+    method: str,
+    scores: jax.Array,
+    *,
+    num_classes: int,
+    alpha: float,
+    randomized: bool,
+    lam: jax.Array,
+    k_reg: int,
+    allow_empty: bool,
+) -> ConformalPredictor:
+    """The predictor whose ``qhat`` is the conformal quantile of the ``n``
+    calibration ``scores`` (those of :func:`_scores_core`, in any row order)."""
+    n = scores.shape[0]
     return ConformalPredictor(
-        qhat=_scores.order_statistic(scores, rank=rank),
+        qhat=_scores.order_statistic(scores, rank=_scores.quantile_rank(n, alpha)),
         lam=lam,
         method=method,
         k_reg=k_reg,
         randomized=randomized,
         allow_empty=bool(allow_empty),
         alpha=float(alpha),
-        num_classes=int(k),
+        num_classes=int(num_classes),
         num_calibration=int(n),
     )

@@ -25,6 +25,7 @@ import pytest
 import _cli
 import _no_gather_worker as worker
 from calib_jax.train import evaluate, loop
+from calib_jax.train import mesh as mesh_lib
 from configs import digits_ce
 
 ROW_KEYS = ("accuracy", "nll", "ece", "adaptive_ece", "brier")
@@ -44,18 +45,17 @@ def _assert_same_metrics(got: dict, expected: dict) -> None:
 
 
 def _placed(z, y, batch):
-    """Padded global batches of one process with one device (no mesh)."""
+    """Padded global batches on the data mesh (the conftest's 8 CPU devices),
+    as the trainer places them."""
+    sharding = mesh_lib.batch_sharding(mesh_lib.data_mesh())
     for b in range(math.ceil(len(y) / batch)):
         rows = slice(b * batch, min(len(y), (b + 1) * batch))
         n = rows.stop - rows.start
         image = np.zeros((batch, z.shape[1]), np.float32)
         label = np.zeros(batch, np.int32)
         image[:n], label[:n] = z[rows], y[rows]
-        yield {
-            "image": jax.numpy.asarray(image),
-            "label": jax.numpy.asarray(label),
-            "mask": jax.numpy.asarray(np.arange(batch) < n),
-        }
+        local = {"image": image, "label": label, "mask": np.arange(batch) < n}
+        yield mesh_lib.put_batch(local, sharding)
 
 
 _STEP = jax.jit(lambda state, images: images + 0.0)
@@ -63,7 +63,7 @@ _STEP = jax.jit(lambda state, images: images + 0.0)
 
 def test_scoring_batches_on_device_equals_scoring_the_gathered_logits():
     # Sets of one size compile each metric once. [500, 10] is reduced on the
-    # large path of XLA:CPU: the [64, 10] batches are padded
+    # large path of XLA:CPU: the [8, 10] rows of each device are padded
     # (scoring.block_rows); the 2-process test covers the small path too.
     batch = 64
     data = worker.sets((500, 500, 500))
@@ -80,6 +80,7 @@ def test_scoring_batches_on_device_equals_scoring_the_gathered_logits():
     }
     got = evaluate.score_sets(results)
     _assert_same_metrics(got, evaluate.score(data))
+    assert evaluate.score(data, batch_size=batch) == got
     assert [k for k in got if k.startswith("ood/")] == [f"ood/{k}" for k in OOD_KEYS]
     for key, (z, y) in data.items():  # one process keeps the whole set, in order
         np.testing.assert_array_equal(results[key].logits, z)
@@ -199,3 +200,5 @@ def test_digits_run_end_of_run_metrics_equal_scoring_its_exported_logits(tmp_pat
     with np.load(tmp_path / "w" / "logits" / "test.npz") as f:
         assert sorted(f.files) == ["labels", "logits"]
     _assert_same_metrics(summary, evaluate.score(logits))
+    # Scored batch by batch as the run did: every value, class-wise ECE too.
+    assert evaluate.score(logits, batch_size=64) == summary

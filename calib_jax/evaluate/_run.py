@@ -367,7 +367,10 @@ def run(
         logits = eval_lib.read_logits(workdir / "logits", keys, ood_name)
         # A run with MC dropout exported each set's mutual information too.
         extras = eval_lib.read_extras(workdir / "logits", keys, ood_name)
-        results = dict(eval_lib.score(logits), **eval_lib.mc_metrics(extras))
+        # Batch by batch as the run scored them: its numbers bit for bit.
+        batch = eval_lib.run_eval_batch_size(workdir, config.eval_batch_size)
+        scored = eval_lib.score(logits, batch_size=batch)
+        results = dict(scored, **eval_lib.mc_metrics(extras))
         step = _last_step(workdir)
     else:
         results, logits, extras, step = _from_checkpoint(config, workdir, progress)

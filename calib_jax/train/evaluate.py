@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 
@@ -46,6 +47,7 @@ from calib_jax import progress as progress_lib
 from calib_jax.data import augment as augment_lib
 from calib_jax.data import corruptions, pipeline
 from calib_jax.data import prefetch as prefetch_lib
+from calib_jax.train import mesh as mesh_lib
 from calib_jax.train import scoring, sharded_step
 
 # The exported logits' files, part of this module's API (the trainer's and
@@ -421,22 +423,87 @@ def _combine(split: dict[str, dict[str, float]], ood) -> dict[str, float]:
     return results
 
 
-def score(logits: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
+def score(
+    logits: dict[str, tuple[np.ndarray, np.ndarray]], *, batch_size: int | None = None
+) -> dict[str, float]:
     """The metrics of every set of ``logits`` (a function of the logits alone).
 
     Keys, in order: ``<set>/<metric>`` of :data:`SPLIT_METRICS` for ``val``,
     ``test`` and each ``shift/<corruption>/<severity>`` set (in the order of
     ``logits``), ``shift/mean/<metric>`` (the mean over the shift sets, in
     that order), and ``ood/<metric>`` of :func:`ood_metrics` when ``logits``
-    holds ``'ood'`` and ``'test'``. :func:`score_sets` of the same logits
-    scored batch by batch gives the same keys and values (the class-wise ECE
-    to float32 rounding).
+    holds ``'ood'`` and ``'test'``.
+
+    Args:
+      logits: ``{key: (logits float32 [N, K], labels int32 [N])}``.
+      batch_size: None: each set from its whole ``[N, K]`` array
+        (:func:`split_metrics`, :func:`ood_metrics`). An int: batch by batch
+        on the data mesh, as the evaluation of a state scores them
+        (:func:`collect_set`, :func:`score_sets`): with the run's
+        ``eval_batch_size`` and device count the run's numbers bit for bit,
+        the class-wise ECE (float32 sums added batch by batch) included. The
+        two agree bit for bit but for the class-wise ECE (float32 rounding).
+
+    Raises:
+      ValueError: a ``batch_size`` that is not a positive int or does not
+        split over the devices.
     """
-    split = {k: split_metrics(z, y) for k, (z, y) in logits.items() if k != OOD_KEY}
-    ood = None
-    if OOD_KEY in logits and "test" in logits:
-        ood = ood_metrics(logits["test"][0], logits[OOD_KEY][0])
-    return _combine(split, ood)
+    if batch_size is None:
+        split = {k: split_metrics(z, y) for k, (z, y) in logits.items() if k != OOD_KEY}
+        ood = None
+        if OOD_KEY in logits and "test" in logits:
+            ood = ood_metrics(logits["test"][0], logits[OOD_KEY][0])
+        return _combine(split, ood)
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int)
+        or batch_size < 1
+    ):
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+    mesh = mesh_lib.data_mesh()
+    mesh_lib.check_batch_size(batch_size, mesh, "batch_size")
+    sharding = mesh_lib.batch_sharding(mesh)
+    results = {}
+    for key, (z, y) in logits.items():
+        local = _array_batches(z, y, batch_size)
+        placed = (mesh_lib.put_batch(b, sharding) for b in local)
+        results[key] = collect_set(
+            _logits_step, None, placed, num_rows=len(y), split=key != OOD_KEY
+        )
+    return score_sets(results)
+
+
+def run_eval_batch_size(workdir: epath.PathLike, default: int) -> int:
+    """The eval batch size a run scored its sets with: ``eval_batch_size`` of
+    ``<workdir>/config.json`` (``default`` for a directory without one, or a
+    config without the field). :func:`score` of the run's exported logits
+    with it gives the run's numbers bit for bit (on the run's device count).
+    """
+    path = epath.Path(workdir) / "config.json"
+    if not path.exists():
+        return default
+    found = json.loads(path.read_text()).get("eval_batch_size")
+    return found if isinstance(found, int) and not isinstance(found, bool) else default
+
+
+@jax.jit
+def _logits_step(state, images):
+    """The eval step of :func:`score`: the "images" are the logits."""
+    del state
+    return jnp.asarray(images, jnp.float32)
+
+
+def _array_batches(z: np.ndarray, y: np.ndarray, batch_size: int) -> Iterator[dict]:
+    """This process's slices of padded batches of ``(z, y)``, as
+    :func:`calib_jax.data.pipeline.eval_batches` cuts a source."""
+    local = batch_size // jax.process_count()
+    for b in range(-(-len(y) // batch_size)):
+        positions = b * batch_size + jax.process_index() * local + np.arange(local)
+        mask = positions < len(y)
+        image = np.zeros((local, *z.shape[1:]), z.dtype)
+        label = np.zeros(local, np.int32)
+        image[mask], label[mask] = z[positions[mask]], y[positions[mask]]
+        yield {"image": image, "label": label, "mask": mask}
 
 
 def score_sets(results: dict[str, SetResult]) -> dict[str, float]:

@@ -199,13 +199,16 @@ def fit_of_chunks(
         ``absent='error'`` a class with too few rows.
 
     Examples:
-      >>> import jax, numpy as np
+      >>> import numpy as np
       >>> from calib_jax import conformal
-      >>> z = np.asarray(3.0 * jax.random.normal(jax.random.key(0), (1000, 10)))
-      >>> y = np.asarray(jax.random.categorical(jax.random.key(1), z))
+      >>> rng = np.random.default_rng(0)
+      >>> z = rng.normal(0.0, 3.0, (1000, 10)).astype(np.float32)
+      >>> y = rng.integers(0, 10, 1000)
       >>> pairs = [(z[:600], y[:600]), (z[600:], y[600:])]
-      >>> streamed = conformal.fit_of_chunks("raps", pairs, alpha=0.1, chunk_rows=500)
-      >>> bool(streamed.qhat == conformal.fit("raps", z, y, alpha=0.1).qhat)
+      >>> streamed = conformal.fit_of_chunks(
+      ...     "thr", pairs, alpha=0.1, chunk_rows=500, progress_bar=False
+      ... )
+      >>> bool(streamed.qhat == conformal.fit("thr", z, y, alpha=0.1).qhat)
       True
     """
     options = _options(name, kwargs)
@@ -243,15 +246,16 @@ def fit_of_chunks(
                     "conformal predictor needs K >= 2 classes."
                 )
         x, y, valid = _padded(chunk, rows)
+        # The previous chunk's scores, computed while the host produced this
+        # chunk, are fetched before the next step: one step's temporaries
+        # (the chunk's float32 softmax and sort) at a time, and the host
+        # never reads ahead of the device.
+        if pending is not None:
+            _collect(*pending, scores)
         x = jnp.asarray(x)
         u = uniforms.take(start, rows) if randomized else None
         step = score_fn(name, x, jnp.asarray(y), u, lam, k_reg=k_reg)
-        checks = _nonfinite(x, valid)
-        # One step in flight: the previous chunk's scores are fetched while
-        # this one runs, so the host never reads far ahead of the device.
-        if pending is not None:
-            _collect(*pending, scores)
-        pending = (chunk, step, checks)
+        pending = (chunk, step, _nonfinite(x, valid))
         if mondrian:
             labels.append(y[: chunk.x.shape[0]])
         start += chunk.x.shape[0]

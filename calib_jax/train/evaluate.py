@@ -13,8 +13,9 @@ runs on a restored checkpoint or on exported logits:
   across processes as ``O(N)`` rows, never as ``[N, K]`` logits;
 - :func:`score_sets` turns them into the metrics (``<set>/<metric>``,
   ``shift/mean/<metric>``, ``ood/<metric>``), and :func:`score` computes the
-  same from logits (exported ones): the row metrics bit for bit, the
-  class-wise ECE to float32 rounding;
+  same from logits (exported ones): from whole arrays, the row metrics bit
+  for bit and the class-wise ECE to float32 rounding; batch by batch with the
+  run's eval batch size (:func:`run_eval_batch_size`), every value bit for bit;
 - :func:`export_logits` and :func:`read_logits` (of
   :mod:`calib_jax.train.logit_files`) write and read ``<dir>/<set>.npz`` (one
   process) or each process's shard of it, ``<dir>/<set>.process-<i>-of-<n>.npz``;

@@ -321,6 +321,80 @@ def raps_score_by_reduction(probs, labels, u, lam, *, k_reg):
     return before + weight + jnp.asarray(lam, probs.dtype) * excess
 
 
+def _ordered_keys(p):
+    """uint32 keys that order like the non-negative float32 ``p``."""
+    bits = lax.bitcast_convert_type(p.astype(jnp.float32) + 0.0, jnp.uint32)
+    sign = jnp.uint32(0x80000000)
+    return jnp.where(bits >= sign, ~bits, bits | sign)
+
+
+@functools.partial(jax.jit, static_argnames="k_reg")
+def raps_sets_by_reduction(probs, qhat, u, lam, *, k_reg):
+    r""":func:`raps_sets` as reductions over the class axis (jitted, no checks).
+
+    The sets of the scores of :func:`raps_score_by_reduction`: the classes
+    :math:`j` whose score, :math:`\sum_{i \prec j} \hat\pi_x(i) + u\,
+    \hat\pi_x(j) + \lambda (o_x(j) - k_{reg})^+` with :math:`\prec` the
+    ranking (decreasing probability, then increasing index), is at most
+    :math:`\hat q`. A class's rank is the pair key :math:`(\hat\pi_x(j),
+    K - 1 - j)`; the set is the classes whose key is at least the smallest
+    key :math:`t^*` with a score at most :math:`\hat q`, found per row by
+    bisection over the 32 bits of the probability and the bits of the index:
+    each step evaluates, at the row's candidate key :math:`t`, the mass and
+    count of the classes above it and the probability of the first class at
+    or below it (three row reductions), with the very arithmetic of
+    :func:`raps_score_by_reduction`, so ``label in set`` holds exactly when
+    its score is at most ``qhat`` wherever the scores do not decrease along
+    the ranking (they do not in exact arithmetic). No sort and no gather:
+    with the class axis sharded the devices add ``[N]`` partials per step.
+    """
+    n, k = probs.shape
+    dtype = probs.dtype
+    hi = _ordered_keys(probs)
+    lo = (k - 1 - lax.iota(jnp.int32, k)).astype(jnp.uint32)[None, :]
+    lam = jnp.asarray(lam, dtype)
+    qhat = qhat.astype(dtype)
+
+    def inside(t_hi, t_lo):
+        """Per row: is the first class at or below key ``t`` in the set?"""
+        above = (hi > t_hi[:, None]) | ((hi == t_hi[:, None]) & (lo > t_lo[:, None]))
+        before = jnp.sum(jnp.where(above, probs, 0.0), axis=1)
+        rank = jnp.sum(above.astype(jnp.int32), axis=1) + 1
+        p_j = jnp.max(jnp.where(above, -1.0, probs), axis=1)
+        weight = p_j if u is None else u * p_j
+        excess = jnp.maximum(rank - k_reg, 0).astype(dtype)
+        fits = before + weight + lam * excess <= qhat
+        return fits, p_j < 0.0  # (in the set, no class at or below t)
+
+    # The last class of the ranking: below its key there is no class, and
+    # every key below it answers as it does.
+    h_min = jnp.min(hi, axis=1)
+    l_min = jnp.min(jnp.where(hi == h_min[:, None], lo, jnp.uint32(k)), axis=1)
+    last_in, _ = inside(h_min, l_min)
+
+    def predicate(t_hi, t_lo):
+        fits, empty = inside(t_hi, t_lo)
+        return jnp.where(empty, last_in, fits)
+
+    def hi_step(i, ans):
+        half = jnp.left_shift(jnp.uint32(1), (31 - i).astype(jnp.uint32))
+        ok = predicate(ans + (half - 1), jnp.full((n,), 0xFFFFFFFF, jnp.uint32))
+        return jnp.where(ok, ans, ans + half)
+
+    t_hi = lax.fori_loop(0, 32, hi_step, jnp.zeros((n,), jnp.uint32))
+    bits = max(k - 1, 1).bit_length()
+
+    def lo_step(i, ans):
+        half = jnp.left_shift(jnp.uint32(1), (bits - 1 - i).astype(jnp.uint32))
+        ok = predicate(t_hi, ans + (half - 1))
+        return jnp.where(ok, ans, ans + half)
+
+    t_lo = lax.fori_loop(0, bits, lo_step, jnp.zeros((n,), jnp.uint32))
+    member = (hi > t_hi[:, None]) | ((hi == t_hi[:, None]) & (lo >= t_lo[:, None]))
+    # No key has a score within qhat: the bisection ran past every key.
+    return member & predicate(t_hi, t_lo)[:, None]
+
+
 def raps_sets(
     probs: jax.typing.ArrayLike,
     qhat: jax.typing.ArrayLike,
@@ -328,6 +402,7 @@ def raps_sets(
     u: jax.typing.ArrayLike | None = None,
     lam: jax.typing.ArrayLike = 0.1,
     k_reg: int = 1,
+    class_sharded: bool = False,
 ) -> jax.Array:
     r"""RAPS prediction sets :math:`\{y : E(x, y, u) \le \hat q\}`.
 
@@ -344,6 +419,10 @@ def raps_sets(
         :math:`u = 1`.
       lam: penalty :math:`\lambda \ge 0` (traceable).
       k_reg: static int :math:`k_{reg} \ge 0`.
+      class_sharded: static; True: the sets of the reduction-form scores
+        (:func:`raps_sets_by_reduction`, bisection by row reductions, no
+        sort or gather of ``[N, K]``), to pair with ``raps_score(...,
+        class_sharded=True)``.
 
     Returns:
       bool ``[N, K]`` in class order.
@@ -354,6 +433,8 @@ def raps_sets(
     probs = _check_probs(probs)
     u = _check_u(u, probs.shape[0], probs.dtype)
     k_reg = check_k_reg(k_reg)
+    if _checks.check_bool("class_sharded", class_sharded):
+        return raps_sets_by_reduction(probs, jnp.asarray(qhat), u, lam, k_reg=k_reg)
     return raps_sets_core(probs, jnp.asarray(qhat), u, lam, k_reg=k_reg)
 
 
@@ -411,6 +492,7 @@ def aps_sets(
     qhat: jax.typing.ArrayLike,
     *,
     u: jax.typing.ArrayLike | None = None,
+    class_sharded: bool = False,
 ) -> jax.Array:
     r"""APS prediction sets :math:`\{y : \rho_x(y) + u\,\hat\pi_x(y) \le \hat q\}`.
 
@@ -419,6 +501,7 @@ def aps_sets(
       qhat: scalar threshold (conformal quantile of :func:`aps_score`).
       u: optional float ``[N]`` uniforms (randomised sets); ``None`` means
         :math:`u = 1`.
+      class_sharded: static; True: by row reductions (see :func:`raps_sets`).
 
     Returns:
       bool ``[N, K]`` in class order.
@@ -428,7 +511,7 @@ def aps_sets(
       arXiv:2006.02544v1, Sec. 2.2, Algorithm 1 (the set of Eq. (8); the
       roles of :math:`u` and :math:`1 - u` swapped, see :func:`aps_score`).
     """
-    return raps_sets(probs, qhat, u=u, lam=0.0, k_reg=0)
+    return raps_sets(probs, qhat, u=u, lam=0.0, k_reg=0, class_sharded=class_sharded)
 
 
 # ---------------------------------------------------------------------------

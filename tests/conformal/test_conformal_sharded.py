@@ -50,12 +50,21 @@ def _case():
     return z.astype(ml_dtypes.bfloat16), labels.astype(np.int32), u
 
 
-def _program(z, y, u, q_thr):
+# Thresholds of the sets: the APS one between scores (no rounding tie),
+# RAPS's at an order statistic (one label score equals it exactly).
+Q = {"thr": 0.05, "aps": 0.9, "raps": 0.0}
+
+
+def _program(z, y, u, q):
     probs = jax.nn.softmax(z.astype(jnp.float32), axis=-1)
     thr = _scores.thr_score(probs, y)
     return {
         "thr": thr,
-        "thr_sets": _scores.thr_sets(probs, q_thr),
+        "thr_sets": _scores.thr_sets(probs, q["thr"]),
+        "aps_sets": _scores.aps_sets(probs, q["aps"], u=u, class_sharded=True),
+        "raps_sets": _scores.raps_sets(
+            probs, q["raps"], lam=LAM, k_reg=K_REG, class_sharded=True
+        ),
         "aps": _scores.aps_score(probs, y, u=u, class_sharded=True),
         "raps": _scores.raps_score(probs, y, lam=LAM, k_reg=K_REG, class_sharded=True),
         "temperature": _temperature.fit_nll(z, y, None, 1e-6, max_iter=100),
@@ -65,12 +74,21 @@ def _program(z, y, u, q_thr):
 _jitted = jax.jit(_program)
 
 
+def _thresholds():
+    """``Q`` with RAPS's set at the 450th smallest reduction-form score."""
+    z, y, _ = _case()
+    probs = jax.nn.softmax(jnp.asarray(z, jnp.float32), axis=-1)
+    s = conformal.raps_score(probs, y, lam=LAM, k_reg=K_REG, class_sharded=True)
+    return {**Q, "raps": np.sort(np.asarray(s))[449]}
+
+
 @pytest.fixture(scope="module")
 def one_device():
     z, y, u = _case()
     dev = jax.devices()[0]
     args = [jax.device_put(a, dev) for a in (z, y, u)]
-    return jax.tree.map(np.asarray, _jitted(*args, jnp.float32(0.05)))
+    q = jax.tree.map(jnp.float32, _thresholds())
+    return jax.tree.map(np.asarray, _jitted(*args, q))
 
 
 def _between(scores, level):
@@ -91,8 +109,9 @@ def test_class_sharded_equals_one_device(one_device, mesh_name):
     mesh = Mesh(np.array(jax.devices()).reshape(shape), ("data", "vocab"))
     zs = jax.device_put(z, NamedSharding(mesh, spec))
     ys, us = (jax.device_put(a, NamedSharding(mesh, P(spec[0]))) for a in (y, u))
-    compiled = _jitted.lower(zs, ys, us, jnp.float32(0.05)).compile()
-    got = jax.tree.map(np.asarray, compiled(zs, ys, us, jnp.float32(0.05)))
+    q = jax.tree.map(jnp.float32, _thresholds())
+    compiled = _jitted.lower(zs, ys, us, q).compile()
+    got = jax.tree.map(np.asarray, compiled(zs, ys, us, q))
 
     # No collective moves a block of rows by classes: row partials only.
     found = collectives(compiled.as_text())
@@ -126,6 +145,15 @@ def test_class_sharded_equals_one_device(one_device, mesh_name):
         # The sets' event "label in set": exact, away from rounding of q.
         q = _between(one_device[name], 0.9)
         np.testing.assert_array_equal(got[name] <= q, one_device[name] <= q)
+    # The sets by bisection: exactly the one-device sets, sizes too, and the
+    # label is in its set exactly when its score is at most the threshold.
+    for name, q in (("aps", Q["aps"]), ("raps", _thresholds()["raps"])):
+        sets = got[f"{name}_sets"]
+        np.testing.assert_array_equal(sets, one_device[f"{name}_sets"])
+        np.testing.assert_array_equal(
+            sets[np.arange(N), y], one_device[name] <= np.float32(q)
+        )
+        assert 0 < sets.sum(1).mean() < K
 
 
 def test_reduction_form_equals_sorted_form():
@@ -144,3 +172,26 @@ def test_reduction_form_equals_sorted_form():
         conformal.aps_score(probs, y, u=u, class_sharded=True),
         conformal.raps_score(probs, y, u=u, lam=0.0, k_reg=0, class_sharded=True),
     )
+
+
+@pytest.mark.long
+def test_reduction_sets_equal_sorted_sets():
+    """The sets by bisection against the sorted form's, away from a
+    cumulative mass that reaches 1.0 in float32 (docs/conformal.md):
+    identical, each the top-L classes of the ranking."""
+    z, y, u = _case()
+    probs = jax.nn.softmax(jnp.asarray(z, jnp.float32), axis=-1)
+    ranking = np.lexsort((np.arange(K)[None, :].repeat(N, 0), -np.asarray(probs)))
+    for kw in ({"u": u, "lam": 0.0, "k_reg": 0}, {"lam": LAM, "k_reg": K_REG}):
+        scores = np.asarray(conformal.raps_score(probs, y, class_sharded=True, **kw))
+        for q in np.quantile(scores, [0.2, 0.8]):
+            by_sums = np.asarray(
+                conformal.raps_sets(probs, q, class_sharded=True, **kw)
+            )
+            np.testing.assert_array_equal(by_sums, conformal.raps_sets(probs, q, **kw))
+            np.testing.assert_array_equal(
+                by_sums[np.arange(N), y], scores <= np.float32(q)
+            )
+            in_order = np.take_along_axis(by_sums, ranking, axis=1)
+            size = in_order.sum(1)
+            assert np.all(in_order == (np.arange(K)[None, :] < size[:, None]))

@@ -19,6 +19,7 @@ LAYERS = (
     "storage",
     "progress",
     "chunks",
+    "logit_layout",
     "losses",
     "metrics",
     "models",

@@ -1,5 +1,9 @@
 """The files of a run's exported logits: one per set, or one shard per process.
 
+Their names (:func:`logits_file`, :func:`shard_file`, :func:`set_shards`,
+:func:`exported_shifts`) are :mod:`calib_jax.logit_layout`'s, re-exported;
+this module writes and reads the arrays.
+
 ``<dir>/<set>.npz`` (:func:`logits_file`) holds a set's ``logits [N, K]`` and
 ``labels [N]`` (and MC dropout's ``mutual_information [N]``), written by a
 run of one process. With ``n > 1`` processes each writes its own rows of the
@@ -19,34 +23,19 @@ from etils import epath
 
 from calib_jax import storage
 
-OOD_KEY = "ood"
+# The file names live in calib_jax.logit_layout, shared with the post-hoc
+# command; they stay importable from here.
+from calib_jax.logit_layout import (  # noqa: F401
+    OOD_KEY,
+    ROW_INDEX,
+    exported_shifts,
+    logits_file,
+    set_shards,
+    shard_file,
+)
+
 # The per-row field MC dropout adds to a set's outputs and its .npz file.
 MUTUAL_INFORMATION = "mutual_information"
-# The field of a process's shard of exported logits that holds its rows'
-# positions in the set (int64 [n]).
-ROW_INDEX = "rows"
-
-
-def logits_file(key: str, ood_name: str = "") -> str:
-    """The file of set ``key`` under a logits directory.
-
-    ``val.npz``, ``test.npz``, ``shift_<corruption>_<severity>.npz`` and
-    ``ood/<ood_name>.npz`` (a subdirectory: readers of the shift files never
-    take the OOD set for a shifted test set).
-    """
-    if key == OOD_KEY:
-        return f"{OOD_KEY}/{ood_name}.npz"
-    return key.replace("/", "_") + ".npz"
-
-
-def shard_file(key: str, ood_name: str, process: int, count: int) -> str:
-    """Process ``process``'s shard of set ``key`` (of ``count`` processes):
-    :func:`logits_file` with ``.process-<i>-of-<n>`` before ``.npz``
-    (``test.process-0-of-2.npz``)."""
-    return (
-        logits_file(key, ood_name)[: -len(".npz")]
-        + f".process-{process}-of-{count}.npz"
-    )
 
 
 def export_logits(
@@ -90,40 +79,6 @@ def export_logits(
         storage.save_npz(path, logits=z, labels=y, **fields)
 
 
-def _shards(directory: epath.Path, key: str, ood_name: str) -> list[epath.Path]:
-    """The shard files of set ``key`` in process order ([] when there are none).
-
-    Raises:
-      ValueError: shards of different process counts, or one missing (named).
-    """
-    single = directory / logits_file(key, ood_name)
-    stem = single.name[: -len(".npz")]
-    found = {}
-    for path in single.parent.glob(f"{stem}.process-*-of-*.npz"):
-        i, _, n = path.name[len(stem) + len(".process-") : -len(".npz")].partition(
-            "-of-"
-        )
-        if i.isdigit() and n.isdigit():
-            found[(int(i), int(n))] = path
-    if not found:
-        return []
-    counts = sorted({n for _, n in found})
-    if len(counts) > 1:
-        raise ValueError(
-            f"{single.parent} holds shards of {key} from {counts} processes; "
-            "expected the shards of one run."
-        )
-    n = counts[0]
-    missing = [i for i in range(n) if (i, n) not in found]
-    if missing:
-        name = shard_file(key, ood_name, missing[0], n)
-        raise ValueError(
-            f"{single.parent / name.rpartition('/')[2]} is missing: the export of "
-            f"{key} needs all {n} process shards."
-        )
-    return [found[(i, n)] for i in range(n)]
-
-
 def _load_set(directory: epath.Path, key: str, ood_name: str) -> dict[str, np.ndarray]:
     """The exported arrays of set ``key``, rows in the set's order: the file
     :func:`logits_file`, or the shards of :func:`shard_file` put in order by
@@ -131,7 +86,7 @@ def _load_set(directory: epath.Path, key: str, ood_name: str) -> dict[str, np.nd
     path = directory / logits_file(key, ood_name)
     if path.exists():
         return storage.load_npz(path)
-    shards = _shards(directory, key, ood_name)
+    shards = set_shards(directory, key, ood_name)
     if not shards:
         raise ValueError(f"{path} is missing: the run exported no logits of {key}.")
     parts = [storage.load_npz(p) for p in shards]
@@ -179,15 +134,3 @@ def read_extras(
                 MUTUAL_INFORMATION: np.asarray(f[MUTUAL_INFORMATION], np.float32)
             }
     return out
-
-
-def exported_shifts(directory: epath.Path) -> list[tuple[str, int]]:
-    """``(corruption, severity)`` of every shifted set exported under
-    ``directory`` (``shift_*.npz`` files or their process shards), sorted."""
-    out = set()
-    for path in directory.glob("shift_*.npz"):
-        stem = path.name[len("shift_") : -len(".npz")].partition(".process-")[0]
-        corruption_name, _, severity = stem.rpartition("_")
-        if corruption_name and severity.isdigit():
-            out.add((corruption_name, int(severity)))
-    return sorted(out)

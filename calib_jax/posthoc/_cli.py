@@ -9,26 +9,31 @@ Examples::
         --method ts:nll --method ts:sb_ece --out /tmp/calibrated
 
 ``--workdir RUN`` reads what a training run exported: ``logits/val.npz``,
-``logits/test.npz`` and every ``logits/shift_<corruption>_<severity>.npz``.
-``--val``/``--test`` name two ``.npz`` files of ``logits [N, K]`` and
-``labels [N]`` (other keys: ``--logits_key``, ``--labels_key``). Each
-``--method`` (repeatable, or a comma-separated list) is fitted on val and
-scored on test and every shift.
+``logits/test.npz`` and every ``logits/shift_<corruption>_<severity>.npz``;
+from a run of ``n > 1`` processes, each set's process shards
+``logits/<set>.process-<i>-of-<n>.npz`` instead (:mod:`calib_jax.logit_layout`),
+read as shards (below) in process order, all ``n`` of them required (a
+missing one is a one-line error naming it). ``--val``/``--test`` name two
+``.npz`` files of ``logits [N, K]`` and ``labels [N]`` (other keys:
+``--logits_key``, ``--labels_key``). Each ``--method`` (repeatable, or a
+comma-separated list) is fitted on val and scored on test and every shift.
 
-``--val`` may instead name shards of validation logits too large for memory:
-a glob (``'val-*.npy'``, ``'gs://b/run/val-*.npz'``), a comma-separated list
-of paths, or one ``.npy`` file; ``.npz`` shards hold ``logits`` and
-``labels``, an ``.npy`` shard its logits (bf16, fp16 or float32) with its
-labels beside it in ``<stem>.labels.npy`` (:mod:`calib_jax.chunks`). They
-are read a chunk at a time: the TS methods (``ts``, ``ts:nll``,
-``ts:sb_ece``) are fitted by :func:`calib_jax.posthoc.fit_of_chunks` (the
-temperature of the in-memory fit, memory bounded by a chunk), and the val
-metrics come from :func:`calib_jax.metrics.summary_of_chunks`. Every other
-method needs the val logits in memory and is refused (one line, status 2)
-with shards: give one ``.npz``. With shards no ``calibrated/<method>/val.npz``
-is written (it would be as large as the shards; apply the saved calibrator
-to them instead). Under ``--out`` (default ``RUN/posthoc``, or
-``<test stem>_posthoc/`` beside the test file):
+``--val`` and ``--test`` may instead name shards of logits too large for
+memory: a glob (``'val-*.npy'``, ``'gs://b/run/val-*.npz'``), a
+comma-separated list of paths, or one ``.npy`` file; ``.npz`` shards hold
+``logits`` and ``labels``, an ``.npy`` shard its logits (bf16, fp16 or
+float32) with its labels beside it in ``<stem>.labels.npy``
+(:mod:`calib_jax.chunks`). They are read a chunk at a time: the TS methods
+(``ts``, ``ts:nll``, ``ts:sb_ece``) are fitted by
+:func:`calib_jax.posthoc.fit_of_chunks` (the temperature of the in-memory
+fit, memory bounded by a chunk), and the metrics of a sharded set, before
+and after calibration, come from :func:`calib_jax.metrics.summary_of_chunks`
+on its chunks with the calibrator applied to each (``logits / T``). Every
+other method needs the logits in memory and is refused (one line, status 2)
+with shards: give ``.npz`` files. No ``calibrated/<method>/<set>.npz`` is
+written for a sharded set (it would be as large as the shards; apply the
+saved calibrator to them instead). Under ``--out`` (default
+``RUN/posthoc``, or ``<test stem>_posthoc/`` beside the test file):
 
 - ``table.md``: the printed tables (test, and the mean over the shifts);
 - ``results.json``: per method the fit (seconds, parameters, warnings) and
@@ -95,7 +100,13 @@ def _define(fv: flags.FlagValues) -> None:
         "comma-separated list, or an .npy file (TS methods only)",
         **kw,
     )
-    flags.DEFINE_string("test", None, "test .npz (the evaluation set)", **kw)
+    flags.DEFINE_string(
+        "test",
+        None,
+        "test .npz (the evaluation set), or its shards: a glob, a "
+        "comma-separated list, or an .npy file (TS methods only)",
+        **kw,
+    )
     flags.DEFINE_multi_string(
         "method",
         [],
@@ -192,13 +203,13 @@ def _splits(fv):
 
 
 def _check_shards(split, methods, fv) -> None:
-    """UserError before any work when a sharded ``--val`` cannot serve the run."""
+    """UserError before any work when a sharded split cannot serve the run."""
     refused = [m for m in methods if m not in _streamed.STREAMED]
     if refused:
         raise UserError(
             f"{split.what}: only TS fits stream over shards "
             f"({', '.join(_streamed.STREAMED)}); --method {refused[0]} needs the "
-            "val logits in memory: give one --val .npz."
+            "logits in memory: give --val and --test as .npz files."
         )
     if (fv.logits_key, fv.labels_key) != ("logits", "labels"):
         raise UserError(
@@ -209,11 +220,11 @@ def _check_shards(split, methods, fv) -> None:
 
 def _load(splits, fv) -> dict:
     """Every split's (logits, labels) as checked JAX arrays, before any fit;
-    a sharded val as its :class:`~calib_jax.chunks.ChunkSource`."""
+    a sharded split as its :class:`~calib_jax.chunks.ChunkSource`."""
     data = {}
     for split in splits:
         if split.shards is not None:
-            data[split.key] = files.val_source(split)
+            data[split.key] = files.shard_source(split)
             continue
         logits, labels = files.load_split(split, fv.logits_key, fv.labels_key)
         try:
@@ -223,10 +234,10 @@ def _load(splits, fv) -> dict:
         data[split.key] = (logits, labels)
     k = _num_classes(data["val"])
     for split in splits[1:]:
-        if data[split.key][0].shape[1] != k:
+        if _num_classes(data[split.key]) != k:
             raise UserError(
-                f"{split.what} has K = {data[split.key][0].shape[1]} classes but "
-                f"the val logits have K = {k}."
+                f"{split.what} has K = {_num_classes(data[split.key])} classes "
+                f"but the val logits have K = {k}."
             )
     return data
 
@@ -254,6 +265,16 @@ def _warn(line: str) -> None:
     from tqdm import tqdm
 
     tqdm.write(f"warning: {entry.one_line(line)}", file=sys.stderr)
+
+
+def _warn_below_chance(split, accuracy: float, k: int) -> None:
+    """A warning line when the test accuracy is below chance (1/K)."""
+    if accuracy < 1.0 / k:
+        _warn(
+            f"{split.what}: accuracy {accuracy:.4f} is below chance (1/K = "
+            f"{1.0 / k:.4f}): the labels are probably misaligned with the logits "
+            "(rows in another order, or labels of another split)."
+        )
 
 
 def _fit(name, val, seed):
@@ -285,8 +306,9 @@ def run(fv: flags.FlagValues) -> int:
     """Runs the command on parsed flags; raises :class:`UserError` for user errors."""
     methods = _methods(fv.method, fv.objective)
     workdir, splits = _splits(fv)
-    if splits[0].shards is not None:
-        _check_shards(splits[0], methods, fv)
+    sharded = [s for s in splits if s.shards is not None]
+    if sharded:
+        _check_shards(sharded[0], methods, fv)
     out = files.output_dir(fv.out, workdir, splits[1])
     if not fv.overwrite:
         existing = files.first_existing(files.outputs(out, methods))
@@ -304,7 +326,10 @@ def run(fv: flags.FlagValues) -> int:
 
 def _run(fv, methods, workdir, splits, out, written) -> int:
     data = _load(splits, fv)
-    val, (test_logits, test_labels) = data["val"], data["test"]
+    val, test = data["val"], data["test"]
+    # A sharded test set is never in memory (only TS methods run on shards,
+    # and their parameters summary needs no test logits).
+    test_logits = None if splits[1].shards is not None else test[0]
     k = _num_classes(val)
     for name in methods:
         if name in posthoc.BINARY_ONLY:
@@ -312,28 +337,25 @@ def _run(fv, methods, workdir, splits, out, written) -> int:
                 _binary.check_binary(name, val[0])
             except ValueError as err:
                 raise UserError(str(err)) from None
-    accuracy = float(np.mean(np.argmax(test_logits, -1) == np.asarray(test_labels)))
-    if accuracy < 1.0 / k:
-        _warn(
-            f"{splits[1].what}: accuracy {accuracy:.4f} is below chance (1/K = "
-            f"{1.0 / k:.4f}): the labels are probably misaligned with the logits "
-            "(rows in another order, or labels of another split)."
-        )
+    if test_logits is not None:
+        hits = np.argmax(test_logits, -1) == np.asarray(test[1])
+        _warn_below_chance(splits[1], float(np.mean(hits)), k)
 
     shift_keys = [s.key[len("shift/") :] for s in splits if s.key.startswith("shift/")]
     bar = _progress(len(methods) + (len(methods) + 1) * len(splits), methods[0])
     try:
+        bar.set_description("score uncalibrated", refresh=False)
+        rows = [_score("uncalibrated", None, splits, data, out, fv, bar, written)]
+        if test_logits is None:  # the streamed test metrics hold the accuracy
+            _warn_below_chance(splits[1], rows[0]["test"]["accuracy"], k)
         fitted = {}
         for name in methods:
             bar.set_description(f"fit {name}", refresh=False)
             fitted[name] = _fit(name, val, fv.seed)
             bar.update(1)
-        rows = []
-        for name in ["uncalibrated", *methods]:
+        for name in methods:
             bar.set_description(f"score {name}", refresh=False)
-            rows.append(
-                _score(name, fitted.get(name), splits, data, out, fv, bar, written)
-            )
+            rows.append(_score(name, fitted[name], splits, data, out, fv, bar, written))
     finally:
         bar.close()
     for row in rows:
@@ -346,7 +368,7 @@ def _run(fv, methods, workdir, splits, out, written) -> int:
             cal = fitted[row["method"]][0]
             row["fit"]["params"] = report.params_summary(cal, test_logits)
 
-    table = report.tables(rows, splits[1], shift_keys)
+    table = report.tables(rows, splits[1].source_name, shift_keys)
     print(table, end="")
     payload = {
         "workdir": str(workdir) if workdir is not None else None,
@@ -389,20 +411,19 @@ def _score(name, fitted, splits, data, out, fv, bar, written) -> dict:
         storage.make_dirs(out / files.CALIBRATED / fname)
     for split in splits:
         if split.shards is not None:  # streamed; no calibrated copy of shards
-            scores[split.key] = report.metrics_of_chunks(
+            values = report.metrics_of_chunks(
                 data[split.key], None if cal is None else cal.apply, fv.num_bins
             )
-            bar.update(1)
-            continue
-        logits, labels = data[split.key]
-        if cal is None:
-            z = logits.astype(np.float32)
         else:
-            z = cal.apply(logits)
-            rel = f"{files.CALIBRATED}/{files.file_name(name)}/{split.file}"
-            written.npz(out / rel, logits=np.asarray(z), labels=np.asarray(labels))
-            calibrated[split.key] = rel
-        values = report.metrics(jax.nn.softmax(z, axis=-1), labels, fv.num_bins)
+            logits, labels = data[split.key]
+            if cal is None:
+                z = logits.astype(np.float32)
+            else:
+                z = cal.apply(logits)
+                rel = f"{files.CALIBRATED}/{files.file_name(name)}/{split.file}"
+                written.npz(out / rel, logits=np.asarray(z), labels=np.asarray(labels))
+                calibrated[split.key] = rel
+            values = report.metrics(jax.nn.softmax(z, axis=-1), labels, fv.num_bins)
         if split.key.startswith("shift/"):
             scores["shift"][split.key[len("shift/") :]] = values
         else:

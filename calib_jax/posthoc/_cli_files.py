@@ -3,9 +3,12 @@
 Inputs are ``.npz`` files of logits and labels: ``--val`` and ``--test``, or
 the files a training run exported under ``<workdir>/logits/`` (``val.npz``,
 ``test.npz`` and one ``shift_<corruption>_<severity>.npz`` per shifted test
-set). ``--val`` may also name shards (:func:`is_shards`: a glob, a
-comma-separated list, or an ``.npy`` file), read a chunk at a time by
-:class:`calib_jax.chunks.ChunkSource` (:func:`val_source`). Outputs go under one directory. Every path goes through
+set; from a run of ``n > 1`` processes, each set's process shards
+``<set>.process-<i>-of-<n>.npz``, named by :mod:`calib_jax.logit_layout`).
+``--val`` and ``--test`` may also name shards (:func:`is_shards`: a glob, a
+comma-separated list, or an ``.npy`` file). Shards are read a chunk at a
+time by :class:`calib_jax.chunks.ChunkSource` (:func:`shard_source`).
+Outputs go under one directory. Every path goes through
 :mod:`calib_jax.storage` (``etils.epath``), so local paths and ``gs://`` URLs
 behave alike. Every user error is a :class:`UserError` with a one-line message.
 """
@@ -13,7 +16,6 @@ behave alike. Every user error is a :class:`UserError` with a one-line message.
 from __future__ import annotations
 
 import io
-import re
 import zipfile
 import zlib
 from typing import NamedTuple
@@ -21,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 from etils import epath
 
-from calib_jax import _cli, _memory, chunks, storage
+from calib_jax import _cli, _memory, chunks, logit_layout, storage
 from calib_jax._cli import UserError
 from calib_jax.posthoc import _matrix
 
@@ -29,7 +31,6 @@ TABLE = "table.md"
 RESULTS = "results.json"
 CALIBRATED = "calibrated"
 CALIBRATORS = "calibrators"
-_SHIFT_FILE = re.compile(r"^shift_(.+)_(\d+)\.npz$")
 # Bytes per class and bin of the metrics' class-wise bins (XLA allocated
 # 20 K M bytes at once for M = 10^8 bins).
 _BIN_BYTES = 20
@@ -59,15 +60,27 @@ class Split(NamedTuple):
         ``'shift_<corruption>_<severity>.npz'``).
       path: where its logits are read from.
       what: how messages name it (``"--val file 'v.npz'"``).
-      shards: the ``--val`` value when it names shards (then ``path`` is
+      shards: the ``--val``/``--test`` value when it names shards, or the
+        paths of a run's process shards in process order (then ``path`` is
         None), else None.
+      label: how the printed table names a set of process shards (their
+        glob), else None.
     """
 
     key: str
     file: str
     path: epath.Path | None
     what: str
-    shards: str | None = None
+    shards: str | tuple[str, ...] | None = None
+    label: str | None = None
+
+    @property
+    def source_name(self) -> str:
+        """The input as the table prints it: the file, the shards' flag
+        value, or the glob of a run's process shards."""
+        if self.shards is None:
+            return str(self.path)
+        return self.label if self.label is not None else str(self.shards)
 
 
 def is_shards(value: str) -> bool:
@@ -82,8 +95,8 @@ def glob_magic(value: str) -> bool:
     return any(c in value for c in "*?[")
 
 
-def val_source(split: Split) -> chunks.ChunkSource:
-    """The chunk source of a sharded ``--val`` (headers read, no data).
+def shard_source(split: Split) -> chunks.ChunkSource:
+    """The chunk source of a sharded split (headers read, no data).
 
     Raises:
       UserError: one line naming the shard: a glob that matches nothing, a
@@ -91,11 +104,15 @@ def val_source(split: Split) -> chunks.ChunkSource:
         arrays of the wrong kind.
     """
     spec = split.shards
-    paths = spec if glob_magic(spec) else [p for p in spec.split(",") if p]
+    if isinstance(spec, tuple):
+        paths, flag = list(spec), "--workdir"
+    else:
+        paths = spec if glob_magic(spec) else [p for p in spec.split(",") if p]
+        flag = f"--{split.key}"
     try:
         return chunks.ChunkSource(paths, key="logits", progress_bar=False)
     except ValueError as err:
-        raise UserError(f"--val: {err}") from None
+        raise UserError(f"{flag}: {err}") from None
 
 
 def as_path(value: str, what: str) -> epath.Path:
@@ -114,17 +131,14 @@ def file_name(method: str) -> str:
 
 
 def given_splits(val: str, test: str) -> list[Split]:
-    """The ``--val``/``--test`` pair as splits (the files must exist; a
-    sharded ``--val`` is checked by :func:`val_source`)."""
+    """The ``--val``/``--test`` pair as splits (the files must exist;
+    shards are checked by :func:`shard_source`)."""
     splits = []
-    if is_shards(val):
-        splits.append(Split("val", "val.npz", None, f"--val shards {val!r}", val))
-    if is_shards(test):
-        raise UserError(
-            f"--test {test!r} names shards; --test takes one .npz file (shards "
-            "are read for --val, the fit set)."
-        )
-    for key, value in (("val", val), ("test", test))[len(splits) :]:
+    for key, value in (("val", val), ("test", test)):
+        if is_shards(value):
+            what = f"--{key} shards {value!r}"
+            splits.append(Split(key, f"{key}.npz", None, what, value))
+            continue
         path = as_path(value, f"--{key}")
         what = f"--{key} file {value!r}"
         if not path.exists():
@@ -133,20 +147,48 @@ def given_splits(val: str, test: str) -> list[Split]:
     return splits
 
 
+def _exported(logits: epath.Path, key: str) -> Split | None:
+    """Set ``key`` of a run's ``logits/`` directory: its ``.npz`` file, or
+    its process shards in process order; None when it has neither.
+
+    Raises:
+      UserError: a process shard missing (one line naming it), or shards of
+        two process counts.
+    """
+    name = logit_layout.logits_file(key)
+    path = logits / name
+    if path.exists():
+        return Split(key, name, path, f"--workdir file {str(path)!r}")
+    try:
+        shards = logit_layout.set_shards(logits, key)
+    except ValueError as err:
+        raise UserError(f"--workdir: {err}") from None
+    if not shards:
+        return None
+    pattern = str(logits / logit_layout.shard_glob(key))
+    n = len(shards)
+    pattern = pattern.replace("-of-*", f"-of-{n}")
+    what = f"--workdir shards {pattern!r}"
+    return Split(key, name, None, what, tuple(str(p) for p in shards), pattern)
+
+
 def workdir_splits(workdir: epath.Path, text: str) -> list[Split]:
-    """Val, test and every shifted test set a training run exported.
+    """Val, test and every shifted test set a training run exported: each
+    set's ``.npz`` file, or (a run of several processes) its process shards.
 
     Raises:
       UserError: the workdir does not exist, or has no ``logits/val.npz`` or
-        ``logits/test.npz`` (the message says what the workdir holds instead:
-        checkpoints of an unfinished run, or nothing of a run).
+        ``logits/test.npz`` nor their shards (the message says what the
+        workdir holds instead: checkpoints of an unfinished run, or nothing
+        of a run); a process shard is missing (named).
     """
     if not workdir.exists():
         raise UserError(f"--workdir {text!r} does not exist.")
     if not workdir.is_dir():
         raise UserError(f"--workdir {text!r} is a file, not a training run's workdir.")
     logits = workdir / "logits"
-    missing = [n for n in ("val.npz", "test.npz") if not (logits / n).exists()]
+    found = {key: _exported(logits, key) for key in ("val", "test")}
+    missing = [f"{key}.npz" for key, split in found.items() if split is None]
     if missing:
         names = " and ".join(f"logits/{n}" for n in missing)
         if missing == ["val.npz"]:
@@ -178,26 +220,11 @@ def workdir_splits(workdir: epath.Path, text: str) -> list[Split]:
             f"--workdir {text!r} has no {names}, checkpoints or config.json: it is "
             "not the workdir of a `python -m calib_jax.train` run."
         )
-    splits = [
-        Split(key, f"{key}.npz", path, f"--workdir file {str(path)!r}")
-        for key, path in (("val", logits / "val.npz"), ("test", logits / "test.npz"))
-    ]
-    shifts = []
-    for path in logits.glob("shift_*.npz"):
-        match = _SHIFT_FILE.match(path.name)
-        if match is None:
-            continue
-        corruption, severity = match.group(1), int(match.group(2))
-        shifts.append((corruption, severity, path))
-    for corruption, severity, path in sorted(shifts, key=lambda s: s[:2]):
-        splits.append(
-            Split(
-                f"shift/{corruption}/{severity}",
-                path.name,
-                path,
-                f"--workdir file {str(path)!r}",
-            )
-        )
+    splits = [found["val"], found["test"]]
+    for corruption, severity in logit_layout.exported_shifts(logits):
+        split = _exported(logits, f"shift/{corruption}/{severity}")
+        if split is not None:
+            splits.append(split)
     return splits
 
 
@@ -251,9 +278,13 @@ def load_split(split: Split, logits_key: str, labels_key: str):
 
 def check_sizes(splits, methods, num_bins: int, logits_key: str) -> None:
     """UserError when the bins or a method's parameters cannot fit in memory,
-    from the val file's header (before its logits are read)."""
-    first = next(s for s in splits if s.shards is None)  # a sharded val: test
-    shape = logits_shape(first, logits_key)
+    from the val file's header (before its logits are read): the first
+    ``.npz`` split's, or the shards' headers when every split is sharded."""
+    first = next((s for s in splits if s.shards is None), None)
+    if first is None:
+        shape = (None, shard_source(splits[0]).num_classes)
+    else:
+        shape = logits_shape(first, logits_key)
     if shape is None or len(shape) != 2:
         return  # load_split names what is wrong with the file
     k = shape[1]

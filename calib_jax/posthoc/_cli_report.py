@@ -91,7 +91,7 @@ def _markdown(header, rows, numeric) -> str:
     return "\n".join([line(header), rule + "|", *map(line, rows)])
 
 
-def tables(rows, test_split, shift_keys) -> str:
+def tables(rows, test_name: str, shift_keys) -> str:
     """The printed tables: test metrics per method and, with shifts, their mean."""
     numeric = set(range(1, len(COLUMNS) + 2))
     header = ["method", *(c for _, c in COLUMNS), "fit_s", "params"]
@@ -104,7 +104,7 @@ def tables(rows, test_split, shift_keys) -> str:
             + [f"{fit['seconds']:.2f}" if fit else "-"]
             + [_short(fit["params"]) if fit else ""]
         )
-    text = f"## test: {test_split.path}\n\n" + _markdown(header, body, numeric)
+    text = f"## test: {test_name}\n\n" + _markdown(header, body, numeric)
     if shift_keys:
         header = ["method", *(c for _, c in COLUMNS)]
         body = [

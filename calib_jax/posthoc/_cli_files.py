@@ -304,7 +304,8 @@ def check_sizes(splits, methods, num_bins: int, logits_key: str) -> None:
 
 def output_dir(value: str | None, workdir: epath.Path | None, test: Split):
     """``--out``, or its default: ``<workdir>/posthoc``, else
-    ``<test stem>_posthoc`` beside the test file."""
+    ``<test stem>_posthoc`` beside the test file (sharded ``--test``: no
+    default, a UserError)."""
     if value is not None:
         out = as_path(value, "--out")
         if out.suffix in (".json", ".md", ".txt", ".npz") and not out.is_dir():
@@ -317,6 +318,11 @@ def output_dir(value: str | None, workdir: epath.Path | None, test: Split):
         return out
     if workdir is not None:
         return workdir / "posthoc"
+    if test.path is None:
+        raise UserError(
+            f"{test.what}: give --out (the default <test stem>_posthoc/ is "
+            "named after one --test file)."
+        )
     return test.path.with_name(f"{test.path.stem}_posthoc")
 
 

@@ -93,9 +93,13 @@ def test_shards_refuse_other_methods_test_shards_and_keys_in_one_line(tmp_path, 
         assert code == 2
         assert len(stderr.strip().splitlines()) == 1 and needle in stderr
     code, _, stderr = _run(
+        capsys, "--val", tmp_path / "val.npz", "--test", glob, "--method", "ts,ets"
+    )
+    assert code == 2 and "only TS fits stream over shards" in stderr
+    code, _, stderr = _run(
         capsys, "--val", tmp_path / "val.npz", "--test", glob, "--method", "ts"
     )
-    assert code == 2 and "--test takes one .npz" in stderr
+    assert code == 2 and "give --out" in stderr
     code, _, stderr = _run(
         capsys,
         "--val",

@@ -35,13 +35,13 @@ def _process_rows(n: int, process: int) -> np.ndarray:
     return rows[rows < n].astype(np.int64)
 
 
-def _workdirs(root):
+def _workdirs(root, sets=SETS):
     """A one-process workdir and the same sets as two processes' shards."""
     single, sharded = root / "single" / "logits", root / "sharded" / "logits"
     single.mkdir(parents=True)
     sharded.mkdir(parents=True)
     data = {}
-    for key, (n, seed) in SETS.items():
+    for key, (n, seed) in sets.items():
         z, y = overconfident(n, K, seed=seed)
         # Softmax piled at 1: the confident rows of a trained classifier.
         z[: n // 4] *= np.float32(4.0)
@@ -82,6 +82,45 @@ def _assert_same_report(got, ref, splits):
             assert t == pytest.approx(t_ref, rel=1e-5)
 
 
+def _nll_and_brier(z, y, t):
+    """Float64 NLL and Brier score of ``softmax(z / t)``, and dNLL/d(log t)."""
+    z = z.astype(np.float64) / t
+    z = z - z.max(axis=1, keepdims=True)
+    p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+    rows = np.arange(len(y))
+    nll = -np.log(p[rows, y]).mean()
+    onehot = np.eye(z.shape[1])[y]
+    brier = ((p - onehot) ** 2).sum(axis=1).mean()
+    # d/du of -log softmax(z0 e^{-u})_y at u = log t is z_y - sum_j p_j z_j.
+    grad = (z[rows, y] - (p * z).sum(axis=1)).mean()
+    return nll, brier, grad
+
+
+def test_a_two_process_workdir_fits_ts_and_scores_test_from_its_shards(
+    tmp_path, capsys
+):
+    """The fast check: the fitted T is the float64 NLL minimum of the set the
+    shards make up, and the test metrics are the float64 ones of z / T."""
+    sets = {"val": (512, 0), "test": (512, 1)}  # one shape: one compile
+    _, sharded, data = _workdirs(tmp_path, sets)
+    got, _ = _results(capsys, tmp_path / "out", "--workdir", sharded)
+    row = got["results"][1]
+    t = row["fit"]["params"]["temperature"]
+    z, y = data["val"]
+    _, _, grad = _nll_and_brier(z, y, t)
+    assert abs(grad) < 1e-4
+    z, y = data["test"]
+    nll, brier, _ = _nll_and_brier(z, y, t)
+    accuracy = float(np.mean(np.argmax(z.astype(np.float64), -1) == y))
+    assert row["test"]["accuracy"] == pytest.approx(accuracy, abs=1e-7)
+    assert row["test"]["nll"] == pytest.approx(nll, rel=1e-5)
+    assert row["test"]["brier"] == pytest.approx(brier, rel=1e-5)
+    nll, brier, _ = _nll_and_brier(z, y, 1.0)
+    assert got["results"][0]["test"]["nll"] == pytest.approx(nll, rel=1e-5)
+    assert got["results"][0]["test"]["brier"] == pytest.approx(brier, rel=1e-5)
+
+
+@pytest.mark.long
 def test_a_run_of_two_processes_gives_the_single_file_calibrator_and_report(
     runs, capsys
 ):
@@ -107,6 +146,7 @@ def test_a_run_of_two_processes_gives_the_single_file_calibrator_and_report(
     assert not (root / "out_sharded" / "calibrated" / "ts" / "test.npz").exists()
 
 
+@pytest.mark.long
 def test_test_shards_given_directly_score_like_the_test_file(runs, capsys):
     root, single, sharded, data = runs
     logits = single / "logits"

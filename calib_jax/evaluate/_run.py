@@ -20,10 +20,11 @@ import time
 import jax
 import numpy as np
 from etils import epath
+from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
 
 from calib_jax import data as data_lib
-from calib_jax import plots, storage, tensorboard
+from calib_jax import metrics, plots, storage, tensorboard
 from calib_jax.data import cache as cache_lib
 from calib_jax.data import corruptions
 from calib_jax.progress import Progress
@@ -166,8 +167,10 @@ def _last_step(workdir: epath.Path) -> int | None:
 
 
 def _from_checkpoint(config: ConfigDict, workdir: epath.Path, progress: bool):
-    """``(results, logits, extras, step)`` of the newest checkpoint that restores
-    (``extras``: MC dropout's per-row fields of each set, else empty)."""
+    """``(results, logits, extras, rows, step)`` of the newest checkpoint that
+    restores (``logits``: this process's rows of each set; ``extras``: MC
+    dropout's per-row fields and the rows' positions; ``rows``: every set's
+    top-label rows, whole on every process)."""
     dataset = data_lib.get_dataset(
         config.dataset.name, data_dir=config.dataset.data_dir or None
     )
@@ -208,23 +211,42 @@ def _from_checkpoint(config: ConfigDict, workdir: epath.Path, progress: bool):
     total = sum(len(s.source) for s in sets)
     show = progress and jax.process_index() == 0
     extras: dict = {}
+    rows: dict = {}
     with Progress(total, enabled=show) as bar:
         results, logits = eval_lib.evaluate(
-            config, sets, eval_step, state, put, decoded, progress=bar, extras=extras
+            config,
+            sets,
+            eval_step,
+            state,
+            put,
+            decoded,
+            progress=bar,
+            extras=extras,
+            rows=rows,
         )
-    return results, logits, extras, step
+    return results, logits, extras, rows, step
 
 
-def _plots(out: epath.Path, logits: dict, results: dict) -> None:
+def _top_label(logits: dict, rows: dict | None, key: str):
+    """``(scores, labels)`` for a reliability diagram of set ``key``: its
+    top-label rows when the evaluation kept them (the whole set; a process's
+    ``logits`` are its own rows only), else the softmax of its logits."""
+    if rows and key in rows:
+        r = rows[key]
+        return metrics.TopLabelRows(r.confidence, r.correct), None
+    z, y = logits[key]
+    return jax.nn.softmax(np.asarray(z, np.float32), axis=-1), y
+
+
+def _plots(out: epath.Path, logits: dict, results: dict, rows: dict | None) -> None:
     directory = out / PLOTS_DIR
     storage.make_dirs(directory)
     for key in ("val", "test"):
         if key in logits:
-            z, y = logits[key]
-            probs = jax.nn.softmax(np.asarray(z, np.float32), axis=-1)
+            scores, labels = _top_label(logits, rows, key)
             plots.reliability_diagram(
-                probs,
-                y,
+                scores,
+                labels,
                 num_bins=15,
                 title=f"{key}: accuracy {100 * results[f'{key}/accuracy']:.1f}%, "
                 f"ECE {100 * results[f'{key}/ece']:.2f}%",
@@ -246,28 +268,46 @@ def _plots(out: epath.Path, logits: dict, results: dict) -> None:
         )
 
 
-def _write_events(tb, results: dict, logits: dict, step: int | None) -> None:
+def _write_events(tb, results: dict, logits: dict, rows, step: int | None) -> None:
     """Scalars (every metric) and reliability diagrams to TensorBoard."""
     step = step or 0
     with tb:
         tb.scalars(step, results)
         for key in ("val", "test"):
-            if key in logits:
+            if key not in logits:
+                continue
+            if rows and key in rows:
+                scores, _ = _top_label(logits, rows, key)
+                image = plots.reliability_diagram(scores, None, title=key)
+                tb.image(f"{key}/reliability", step, image)
+            else:
                 z, y = logits[key]
                 tb.reliability(f"{key}/reliability", step, z, y, title=key)
 
 
-def _write(
-    out, workdir, results, logits, extras, step, *, source, ood_name, overwrite, tb
-):
-    if overwrite:
-        for name in OUTPUTS:
-            path = out / name
-            if path.is_dir():
-                path.rmtree()
-            elif path.exists():
-                path.unlink()
-    storage.make_dirs(out)
+def _prepare(out, overwrite: bool) -> None:
+    """Process 0 clears the outputs of an earlier evaluation (``overwrite``)
+    and makes ``out``; every process waits for it."""
+    if jax.process_index() == 0:
+        if overwrite:
+            for name in OUTPUTS:
+                path = out / name
+                if path.is_dir():
+                    path.rmtree()
+                elif path.exists():
+                    path.unlink()
+        storage.make_dirs(out)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("calib_jax.evaluate: outputs cleared")
+
+
+def _write(out, workdir, results, logits, extras, rows, step, *, source, ood_name, tb):
+    """Every process exports its own rows' logits (``source='checkpoint'``);
+    process 0 writes the metrics, the plots and the TensorBoard events."""
+    if source == "checkpoint":
+        eval_lib.export_logits(out / LOGITS_DIR, logits, ood_name, extras=extras)
+    if jax.process_index() != 0:
+        return
     row = {"step": step, "time": round(time.time(), 3)} if step is not None else {}
     row.update({k: float(v) for k, v in results.items()})
     storage.write_text(out / METRICS_JSONL, json.dumps(row) + "\n")
@@ -278,10 +318,8 @@ def _write(
         "metrics": results,
     }
     storage.write_text(out / METRICS_JSON, json.dumps(summary, indent=2) + "\n")
-    if source == "checkpoint":
-        eval_lib.export_logits(out / LOGITS_DIR, logits, ood_name, extras=extras)
-    _plots(out, logits, results)
-    _write_events(tb, results, logits, step)
+    _plots(out, logits, results, rows)
+    _write_events(tb, results, logits, rows, step)
 
 
 def run(
@@ -371,20 +409,22 @@ def run(
         batch = eval_lib.run_eval_batch_size(workdir, config.eval_batch_size)
         scored = eval_lib.score(logits, batch_size=batch)
         results = dict(scored, **eval_lib.mc_metrics(extras))
-        step = _last_step(workdir)
+        step, rows = _last_step(workdir), None
     else:
-        results, logits, extras, step = _from_checkpoint(config, workdir, progress)
-    if jax.process_index() == 0:
-        _write(
-            out,
-            workdir,
-            results,
-            logits,
-            extras,
-            step,
-            source="logits" if from_logits else "checkpoint",
-            ood_name=ood_name,
-            overwrite=overwrite,
-            tb=tb,
+        results, logits, extras, rows, step = _from_checkpoint(
+            config, workdir, progress
         )
+    _prepare(out, overwrite)
+    _write(
+        out,
+        workdir,
+        results,
+        logits,
+        extras,
+        rows,
+        step,
+        source="logits" if from_logits else "checkpoint",
+        ood_name=ood_name,
+        tb=tb,
+    )
     return results, out

@@ -143,7 +143,7 @@ def _uniforms(key, n: int):
 
 
 @functools.partial(jax.jit, static_argnames=("method", "k_reg"))
-def _label_scores(method, logits, labels, u, lam, *, k_reg):
+def label_scores(method, logits, labels, u, lam, *, k_reg):
     """Conformity scores of the labels, as the marginal predictor's fit."""
     probs = _probs(logits)
     if method == "thr":
@@ -272,7 +272,7 @@ def fit_mondrian(
     randomized = key is not None and method != "thr"
     u = _uniforms(key, n) if randomized else None
     lam = jnp.asarray(lam, jnp.float32)
-    scores = _label_scores(method, logits, labels, u, lam, k_reg=k_reg)
+    scores = label_scores(method, logits, labels, u, lam, k_reg=k_reg)
     return mondrian_of_scores(
         method,
         scores,
@@ -301,7 +301,7 @@ def mondrian_of_scores(
     absent: str,
 ) -> MondrianPredictor:
     """The Mondrian predictor of the ``n`` calibration ``scores`` (those of
-    :func:`_label_scores`) and their ``labels``, in any row order (the class
+    :func:`label_scores`) and their ``labels``, in any row order (the class
     counts are checked by the caller for ``absent='error'``)."""
     n = scores.shape[0]
     qhat, counts = class_quantiles(

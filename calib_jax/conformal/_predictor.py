@@ -23,12 +23,12 @@ def _probs(logits: jax.Array) -> jax.Array:
     return jax.nn.softmax(logits, axis=-1)
 
 
-def _uniforms(key, n: int, dtype):
+def uniforms(key, n: int, dtype):
     return None if key is None else jax.random.uniform(key, (n,), dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("method", "k_reg"))
-def _scores_core(method, logits, labels, u, lam, *, k_reg):
+def scores_core(method, logits, labels, u, lam, *, k_reg):
     probs = _probs(logits)
     if method == "thr":
         return _scores.thr_score(probs, labels)
@@ -133,7 +133,7 @@ class ConformalPredictor:
             key for a randomised predictor.
         """
         logits = self._check(logits, key)
-        u = _uniforms(key, logits.shape[0], jnp.float32) if self.randomized else None
+        u = uniforms(key, logits.shape[0], jnp.float32) if self.randomized else None
         return _sets_core(
             self.method,
             logits,
@@ -157,8 +157,8 @@ class ConformalPredictor:
         """
         logits = self._check(logits, key)
         labels = _scores.check_labels(labels, *logits.shape)
-        u = _uniforms(key, logits.shape[0], jnp.float32) if self.randomized else None
-        return _scores_core(self.method, logits, labels, u, self.lam, k_reg=self.k_reg)
+        u = uniforms(key, logits.shape[0], jnp.float32) if self.randomized else None
+        return scores_core(self.method, logits, labels, u, self.lam, k_reg=self.k_reg)
 
 
 def fit_predictor(
@@ -176,9 +176,9 @@ def fit_predictor(
     n, k = logits.shape
     _scores.quantile_rank(n, alpha)  # before scoring: n large enough
     randomized = key is not None and method != "thr"
-    u = _uniforms(key, n, jnp.float32) if randomized else None
+    u = uniforms(key, n, jnp.float32) if randomized else None
     lam = jnp.asarray(lam, jnp.float32)
-    scores = _scores_core(method, logits, labels, u, lam, k_reg=k_reg)
+    scores = scores_core(method, logits, labels, u, lam, k_reg=k_reg)
     return predictor_of_scores(
         method,
         scores,
@@ -203,7 +203,7 @@ def predictor_of_scores(
     allow_empty: bool,
 ) -> ConformalPredictor:
     """The predictor whose ``qhat`` is the conformal quantile of the ``n``
-    calibration ``scores`` (those of :func:`_scores_core`, in any row order)."""
+    calibration ``scores`` (those of :func:`scores_core`, in any row order)."""
     n = scores.shape[0]
     return ConformalPredictor(
         qhat=_scores.order_statistic(scores, rank=_scores.quantile_rank(n, alpha)),

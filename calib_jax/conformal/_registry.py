@@ -29,7 +29,7 @@ def _checked(logits, labels, alpha):
     return logits, labels
 
 
-def _check_lam(lam) -> None:
+def check_lam(lam) -> None:
     if not isinstance(lam, jax.core.Tracer):
         try:
             value = float(lam)
@@ -124,7 +124,7 @@ def fit_raps(
     """
     logits, labels = _checked(logits, labels, alpha)
     k_reg = _scores.check_k_reg(k_reg)
-    _check_lam(lam)
+    check_lam(lam)
     return _dispatch(
         "raps",
         logits,

@@ -62,7 +62,7 @@ import numpy as np
 from jax import lax
 
 from calib_jax import _checks, kernels
-from calib_jax.conformal import _cpu_kernels
+from calib_jax.conformal import _by_reduction, _cpu_kernels
 
 
 def _as_float(x, name: str) -> jax.Array:
@@ -259,7 +259,7 @@ def raps_score(
       k_reg: static int :math:`k_{reg} \ge 0`, the number of top ranks
         without penalty.
       class_sharded: static; True computes the score by row reductions
-        (:func:`raps_score_by_reduction`), the form for a class axis sharded
+        (``_by_reduction.raps_score``), the form for a class axis sharded
         over devices: no sort, no gather of ``[N, K]``; equal to the sorted
         form to float32 rounding (about 1e-7 relative).
 
@@ -284,7 +284,7 @@ def raps_score(
     u = _check_u(u, n, probs.dtype)
     k_reg = check_k_reg(k_reg)
     if _checks.check_bool("class_sharded", class_sharded):
-        return raps_score_by_reduction(probs, labels, u, lam, k_reg=k_reg)
+        return _by_reduction.raps_score(probs, labels, u, lam, k_reg=k_reg)
     return raps_score_core(probs, labels, u, lam, k_reg=k_reg)
 
 
@@ -294,105 +294,6 @@ def raps_score_core(probs, labels, u, lam, *, k_reg):
     _, scores = _sorted_scores(probs, u, lam, k_reg)
     pos = _label_positions(probs, labels)
     return jnp.take_along_axis(scores, pos[:, None], axis=1)[:, 0]
-
-
-@functools.partial(jax.jit, static_argnames="k_reg")
-def raps_score_by_reduction(probs, labels, u, lam, *, k_reg):
-    r""":func:`raps_score` as reductions over the class axis (jitted, no checks).
-
-    The class-sharding form: with :math:`a_j = 1[\hat\pi_x(j) > \hat\pi_x(y)]
-    \lor (\hat\pi_x(j) = \hat\pi_x(y) \land j < y)` (ranked before
-    :math:`y`, the ties rule of the sorted form), :math:`\rho_x(y) = \sum_j
-    a_j \hat\pi_x(j)` and :math:`o_x(y) = 1 + \sum_j a_j`: row sums only, so
-    with the class axis sharded each device reduces its classes and the
-    devices add ``[N]`` partials (no sort, no gather of the rows). Equal to
-    the sorted form up to float32 rounding (the mass is added in class order,
-    not in ranked order, and without its running maximum).
-    """
-    k = probs.shape[-1]
-    idx = lax.iota(jnp.int32, k)[None, :]
-    y = labels[:, None]
-    p_y = jnp.sum(jnp.where(idx == y, probs, 0.0), axis=1)  # exact: one entry
-    ahead = (probs > p_y[:, None]) | ((probs == p_y[:, None]) & (idx < y))
-    before = jnp.sum(jnp.where(ahead, probs, 0.0), axis=1)
-    rank = jnp.sum(ahead.astype(jnp.int32), axis=1) + 1
-    weight = p_y if u is None else u * p_y
-    excess = jnp.maximum(rank - k_reg, 0).astype(probs.dtype)
-    return before + weight + jnp.asarray(lam, probs.dtype) * excess
-
-
-def _ordered_keys(p):
-    """uint32 keys that order like the non-negative float32 ``p``."""
-    bits = lax.bitcast_convert_type(p.astype(jnp.float32) + 0.0, jnp.uint32)
-    sign = jnp.uint32(0x80000000)
-    return jnp.where(bits >= sign, ~bits, bits | sign)
-
-
-@functools.partial(jax.jit, static_argnames="k_reg")
-def raps_sets_by_reduction(probs, qhat, u, lam, *, k_reg):
-    r""":func:`raps_sets` as reductions over the class axis (jitted, no checks).
-
-    The sets of the scores of :func:`raps_score_by_reduction`: the classes
-    :math:`j` whose score, :math:`\sum_{i \prec j} \hat\pi_x(i) + u\,
-    \hat\pi_x(j) + \lambda (o_x(j) - k_{reg})^+` with :math:`\prec` the
-    ranking (decreasing probability, then increasing index), is at most
-    :math:`\hat q`. A class's rank is the pair key :math:`(\hat\pi_x(j),
-    K - 1 - j)`; the set is the classes whose key is at least the smallest
-    key :math:`t^*` with a score at most :math:`\hat q`, found per row by
-    bisection over the 32 bits of the probability and the bits of the index:
-    each step evaluates, at the row's candidate key :math:`t`, the mass and
-    count of the classes above it and the probability of the first class at
-    or below it (three row reductions), with the very arithmetic of
-    :func:`raps_score_by_reduction`, so ``label in set`` holds exactly when
-    its score is at most ``qhat`` wherever the scores do not decrease along
-    the ranking (they do not in exact arithmetic). No sort and no gather:
-    with the class axis sharded the devices add ``[N]`` partials per step.
-    """
-    n, k = probs.shape
-    dtype = probs.dtype
-    hi = _ordered_keys(probs)
-    lo = (k - 1 - lax.iota(jnp.int32, k)).astype(jnp.uint32)[None, :]
-    lam = jnp.asarray(lam, dtype)
-    qhat = qhat.astype(dtype)
-
-    def inside(t_hi, t_lo):
-        """Per row: is the first class at or below key ``t`` in the set?"""
-        above = (hi > t_hi[:, None]) | ((hi == t_hi[:, None]) & (lo > t_lo[:, None]))
-        before = jnp.sum(jnp.where(above, probs, 0.0), axis=1)
-        rank = jnp.sum(above.astype(jnp.int32), axis=1) + 1
-        p_j = jnp.max(jnp.where(above, -1.0, probs), axis=1)
-        weight = p_j if u is None else u * p_j
-        excess = jnp.maximum(rank - k_reg, 0).astype(dtype)
-        fits = before + weight + lam * excess <= qhat
-        return fits, p_j < 0.0  # (in the set, no class at or below t)
-
-    # The last class of the ranking: below its key there is no class, and
-    # every key below it answers as it does.
-    h_min = jnp.min(hi, axis=1)
-    l_min = jnp.min(jnp.where(hi == h_min[:, None], lo, jnp.uint32(k)), axis=1)
-    last_in, _ = inside(h_min, l_min)
-
-    def predicate(t_hi, t_lo):
-        fits, empty = inside(t_hi, t_lo)
-        return jnp.where(empty, last_in, fits)
-
-    def hi_step(i, ans):
-        half = jnp.left_shift(jnp.uint32(1), (31 - i).astype(jnp.uint32))
-        ok = predicate(ans + (half - 1), jnp.full((n,), 0xFFFFFFFF, jnp.uint32))
-        return jnp.where(ok, ans, ans + half)
-
-    t_hi = lax.fori_loop(0, 32, hi_step, jnp.zeros((n,), jnp.uint32))
-    bits = max(k - 1, 1).bit_length()
-
-    def lo_step(i, ans):
-        half = jnp.left_shift(jnp.uint32(1), (bits - 1 - i).astype(jnp.uint32))
-        ok = predicate(t_hi, ans + (half - 1))
-        return jnp.where(ok, ans, ans + half)
-
-    t_lo = lax.fori_loop(0, bits, lo_step, jnp.zeros((n,), jnp.uint32))
-    member = (hi > t_hi[:, None]) | ((hi == t_hi[:, None]) & (lo >= t_lo[:, None]))
-    # No key has a score within qhat: the bisection ran past every key.
-    return member & predicate(t_hi, t_lo)[:, None]
 
 
 def raps_sets(
@@ -420,7 +321,7 @@ def raps_sets(
       lam: penalty :math:`\lambda \ge 0` (traceable).
       k_reg: static int :math:`k_{reg} \ge 0`.
       class_sharded: static; True: the sets of the reduction-form scores
-        (:func:`raps_sets_by_reduction`, bisection by row reductions, no
+        (``_by_reduction.raps_sets``, bisection by row reductions, no
         sort or gather of ``[N, K]``), to pair with ``raps_score(...,
         class_sharded=True)``.
 
@@ -434,7 +335,7 @@ def raps_sets(
     u = _check_u(u, probs.shape[0], probs.dtype)
     k_reg = check_k_reg(k_reg)
     if _checks.check_bool("class_sharded", class_sharded):
-        return raps_sets_by_reduction(probs, jnp.asarray(qhat), u, lam, k_reg=k_reg)
+        return _by_reduction.raps_sets(probs, jnp.asarray(qhat), u, lam, k_reg=k_reg)
     return raps_sets_core(probs, jnp.asarray(qhat), u, lam, k_reg=k_reg)
 
 

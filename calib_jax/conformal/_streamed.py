@@ -85,7 +85,7 @@ def _options(name, kwargs) -> dict:
     options.setdefault("lam", 0.0)
     options.setdefault("k_reg", 0)
     options["k_reg"] = _scores.check_k_reg(options["k_reg"])
-    _registry._check_lam(options["lam"])
+    _registry.check_lam(options["lam"])
     return options
 
 
@@ -113,11 +113,11 @@ class _Uniforms:
         need = start + rows
         if self.u is None or self.u.shape[0] < need:
             if self.num_rows is not None:  # the in-memory draw, padded
-                u = _predictor._uniforms(self.key, self.num_rows, jnp.float32)
+                u = _predictor.uniforms(self.key, self.num_rows, jnp.float32)
                 self.u = jnp.concatenate([u, jnp.zeros((rows,), jnp.float32)])
             else:  # a prefix of it, doubled as rows arrive
                 size = max(need, 2 * (0 if self.u is None else self.u.shape[0]))
-                self.u = _predictor._uniforms(self.key, size, jnp.float32)
+                self.u = _predictor.uniforms(self.key, size, jnp.float32)
         return _window(self.u, start, rows=rows)
 
 
@@ -166,8 +166,9 @@ def fit_of_chunks(
     key=key, **kwargs)`` on the concatenation of the chunks, with memory
     bounded by one chunk (``chunk_rows`` rows of ``K`` classes and their
     float32 softmax) plus 4 bytes per calibration row (8 for ``mondrian``):
-    the threshold(s) are equal bit for bit, randomised variants included. The scores, the rank :math:`\lceil (n+1)(1-\alpha) \rceil` and
-    the coverage guarantee are those of :func:`calib_jax.conformal.fit`
+    the threshold(s) are equal bit for bit, randomised variants included.
+    The scores, the rank :math:`\lceil (n+1)(1-\alpha) \rceil` and the
+    coverage guarantee are those of :func:`calib_jax.conformal.fit`
     (Lei et al. 2018, Thm. 2.2; Romano et al. 2020; Angelopoulos et al. 2021).
 
     Args:
@@ -233,7 +234,7 @@ def fit_of_chunks(
             f"{jax.random.key_impl(key)} key, partitionable="
             f"{jax.config.jax_threefry_partitionable}); pass shard paths instead."
         )
-    score_fn = _mondrian._label_scores if mondrian else _predictor._scores_core
+    score_fn = _mondrian.label_scores if mondrian else _predictor.scores_core
     scores, labels, small, pending = [], [], [], None
     rows = start = k = 0
     for chunk in source:
@@ -266,7 +267,7 @@ def fit_of_chunks(
         # A whole input under MIN_ENTRIES entries: scored in one call, as the
         # in-memory fit (whose array is on XLA's other code path too).
         x, y = (np.concatenate(part) for part in zip(*small))
-        u = _predictor._uniforms(key, start, jnp.float32) if randomized else None
+        u = _predictor.uniforms(key, start, jnp.float32) if randomized else None
         scores = [score_fn(name, jnp.asarray(x), jnp.asarray(y), u, lam, k_reg=k_reg)]
     scores = jnp.asarray(np.concatenate(scores))
     fitted = {

@@ -24,6 +24,7 @@ def test_registry_names():
     assert conformal.get_predictor("raps") is conformal.fit_raps
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("randomized", [False, True])
 @pytest.mark.parametrize("method", ["thr", "aps", "raps"])
 def test_fit_matches_reference_quantile_and_sets(method, randomized):
@@ -54,6 +55,7 @@ def test_fit_matches_reference_quantile_and_sets(method, randomized):
     np.testing.assert_array_equal(sets[np.arange(300), YT], scores <= pred.qhat)
 
 
+@pytest.mark.long
 def test_fit_and_predict_under_jit_equal_eager_and_vmap_over_splits():
     key, pkey = jax.random.key(3), jax.random.key(4)
 
@@ -142,6 +144,7 @@ def test_coverage_and_set_size_match_numpy_and_where_equals_slicing():
     "strata",
     [conformal.RAPS_STRATA, ((0, 0), (1, 4), (5, 12), (13, None)), ((3, 7), (0, 30))],
 )
+@pytest.mark.long
 def test_size_stratified_coverage_matches_numpy(strata):
     sets, labels, keep = _random_sets()
     for where in (None, keep):

@@ -77,6 +77,7 @@ def test_avuc_gs_gradient_flows_only_through_tanh_of_entropy():
     assert np.max(np.abs(full - got)) > 1e-2
 
 
+@pytest.mark.long
 def test_avuc_pushes_inaccurate_certain_prediction_to_more_confidence():
     """Sec. 4.2 / App. F: minimising n_IC rewards raising c_i of an IC sample."""
     # Sample 0: wrong and certain (low entropy); sample 1: right and certain.
@@ -125,6 +126,7 @@ def test_s_avuc_matches_reference_at_defaults():
     )
 
 
+@pytest.mark.long
 def test_soft_uncertainty_identity_and_threshold():
     h = jnp.linspace(0.0, 1.0, 11)
     np.testing.assert_allclose(soft_uncertainty(h, 0.5, 1.0), h, atol=1e-6)

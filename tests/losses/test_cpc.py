@@ -60,6 +60,7 @@ def test_cpc_gradient_is_acls_supplement_eqs_5_and_6():
     np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.long
 def test_cpc_blocked_evaluation_matches(monkeypatch):
     # Force several class blocks with padding (7 classes in blocks of 3).
     logits, labels = _batch(9, b=8, k=7, scale=3.0)

@@ -28,6 +28,7 @@ def test_ece_all_presets(case, preset):
     close(metrics.ece(pp, pl, where=w, convention=preset), expected)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", sorted(wide_cases()))
 def test_top_label_paths_for_many_classes(case):
     probs, labels = wide_cases()[case]

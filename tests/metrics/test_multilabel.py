@@ -154,6 +154,7 @@ def test_one_hot_labels_of_a_softmax_give_the_classwise_ece(binning):
     "binning, average",
     [("equal_width", "none"), ("equal_mass", "none"), ("equal_mass", "micro")],
 )
+@pytest.mark.long
 def test_where_equals_slicing(binning, average):
     z, y = _data(n=100, num_labels=3, seed=6)
     pad_z = np.concatenate([z, np.full((7, 3), np.nan, np.float32)])

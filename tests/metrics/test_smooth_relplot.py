@@ -45,6 +45,7 @@ def _check(probs, labels, f, y, target="top_label"):
         assert abs(float(got) - want) < 1e-4, (sigma, float(got), want)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("scale", [3.0, 40.0])
 def test_top_label_equals_relplot(scale):
     probs, labels = confident(scale, seed=0)

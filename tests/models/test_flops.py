@@ -90,6 +90,7 @@ PUBLISHED = [
 ]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("name", "kwargs", "published"), PUBLISHED)
 def test_published_counts_within_one_percent(name, kwargs, published):
     if name == "wrn":

@@ -74,6 +74,7 @@ def _fail_writing(monkeypatch, name: str, error: BaseException) -> None:
     monkeypatch.setattr(epath.Path, "write_bytes", write_bytes)
 
 
+@pytest.mark.long
 def test_a_full_disk_leaves_no_output_and_the_rerun_works(
     inputs, tmp_path, capsys, monkeypatch
 ):

@@ -175,7 +175,8 @@ def npz_files(tmp_path_factory):
     [
         ("garbage.npz", "is not an .npz archive"),
         ("truncated.npz", "is not an .npz archive"),
-        ("array.npy", "is not an .npz archive"),
+        # An .npy --val is a shard of the scores; its labels are a sibling file.
+        ("array.npy", "array.npy' has no labels file: expected its labels [n] in"),
         ("folder.npz", "is not a file"),
         ("strings.npz", "array 'logits' must be floating point, got dtype <U1"),
         ("fractional.npz", "array 'labels' must be integer class ids"),
@@ -654,6 +655,7 @@ def test_benchmark_checks_every_method_config_before_writing(
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.long
 def test_labels_beyond_int32_coverage_labels_and_apply_k_are_one_line(tmp_path):
     from calib_jax import conformal
 

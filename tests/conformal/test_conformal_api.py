@@ -127,6 +127,7 @@ def _random_sets(n=400, k=30, seed=0):
     return sets, rng.integers(0, k, n).astype(np.int32), rng.random(n) < 0.7
 
 
+@pytest.mark.long
 def test_coverage_and_set_size_match_numpy_and_where_equals_slicing():
     sets, labels, keep = _random_sets()
     hit = sets[np.arange(len(labels)), labels]
@@ -159,6 +160,7 @@ def test_size_stratified_coverage_matches_numpy(strata):
     assert float(gap) == pytest.approx(np.nanmax(np.abs(want_cov - 0.9)), rel=1e-6)
 
 
+@pytest.mark.long
 def test_size_stratified_coverage_of_real_sets_sums_to_marginal():
     pred = conformal.fit("aps", ZC, YC, alpha=0.1)
     sets = pred.predict_sets(ZT)

@@ -50,6 +50,7 @@ def _frozen_confidence_avuc(logits, labels, conf, kappa):
     return math.log(1 + (n_au + n_ic) / (n_ac + n_iu))
 
 
+@pytest.mark.long
 def test_avuc_gs_gradient_flows_only_through_tanh_of_entropy():
     """App. F: no gradient through the c_i and (1 - c_i) multiplicands."""
     logits, labels = _batch(1)

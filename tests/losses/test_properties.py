@@ -163,6 +163,7 @@ def test_finite_at_extreme_logits(name, scale):
     assert np.all(np.isfinite(_grad_of_sum(case, big, labels)))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("correct", [True, False], ids=["all_correct", "all_wrong"])
 @_cases(ALL)
 def test_finite_on_all_correct_and_all_wrong(name, correct):

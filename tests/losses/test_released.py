@@ -89,6 +89,7 @@ def _batch_for(name, batch):
     return x, y
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("batch", list(BATCHES))
 @pytest.mark.parametrize("name", list(CASES))
 def test_value_matches_float64_reference(name, batch):

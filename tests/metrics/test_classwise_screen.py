@@ -218,6 +218,7 @@ def test_screened_call_raises_the_message_of_the_separate_screen(
     np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
 
 
+@pytest.mark.long
 def test_rows_within_the_tolerance_pass_the_kernel_screen():
     probs, labels = softmax_case(n=64, k=40, seed=9)
     probs = _scaled(_with(probs, 2, 5, -0.0), 3, 1.0009)  # -0.0 and 1 + 9e-4

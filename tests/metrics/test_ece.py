@@ -19,6 +19,7 @@ CASES = all_cases()
 PRESETS = sorted(ref.PRESET_RULES)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("preset", PRESETS)
 def test_ece_all_presets(case, preset):

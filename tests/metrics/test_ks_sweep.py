@@ -15,6 +15,7 @@ from calib_jax import metrics
 CASES = all_cases()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_binning_free_and_proper(case):
     probs, labels = CASES[case]

@@ -90,6 +90,7 @@ def test_classwise_l2_root_placement():
     assert float(got) <= float(after) + 1e-7  # Jensen: mean of roots <= root of mean
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", ["softmax_k10", "softmax_k2", "ties", "n1"])
 @pytest.mark.parametrize("debias", [False, True])
 def test_marginal_ece_matches_kumar_binning(case, debias):

@@ -55,6 +55,7 @@ def test_top_label_equals_relplot(scale):
     _check(probs, labels, f, y)
 
 
+@pytest.mark.long
 def test_binary_with_mass_at_zero_and_one_equals_relplot():
     rng = np.random.default_rng(1)
     p = rng.random(2000)

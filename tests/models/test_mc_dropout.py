@@ -110,6 +110,7 @@ def test_from_config_takes_dropout_rate_and_rejects_models_without_it():
 # ---- samples ----------------------------------------------------------------------------
 
 
+@pytest.mark.long
 def test_samples_are_flax_dropout_with_the_documented_keys():
     model, v = _mlp()
     z = models.mc_dropout_logits(model, v, X, key=KEY, num_samples=S, first_row=5)
@@ -163,6 +164,7 @@ def test_samples_differ_and_are_deterministic_per_key():
     assert not np.allclose(model.apply(v, X), a[0])
 
 
+@pytest.mark.long
 def test_samples_do_not_depend_on_the_batch_split_or_the_jit_site():
     # The same masks; another batch shape may round differently.
     model, v = _mlp()

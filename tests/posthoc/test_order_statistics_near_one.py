@@ -49,6 +49,7 @@ def float_bits(v):
     return np.asarray(v, np.float32).view(np.uint32)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("mode", ["tuned", "plain"])
 def test_eight_rows_near_one_one_vs_rest(mode):
     p1 = np.array([0.1, 0.2, 0.3, 0.99995, 0.99996, 0.99997, 0.99998, 0.99999])

@@ -132,6 +132,7 @@ def _with_array(saved, name, key, value):
         ("vector", "p1", lambda a: a.astype(np.uint32), "stored as uint32"),
     ],
 )
+@pytest.mark.long
 def test_stored_dtype_other_than_the_header_is_rejected(
     saved, tmp_path, name, key, make, message
 ):

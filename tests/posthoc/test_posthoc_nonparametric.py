@@ -138,6 +138,7 @@ def test_histogram_binning_matches_float64_reference(variant, binning):
         np.testing.assert_allclose(params["values"][c], values, atol=1e-7)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("binning", ["equal_mass", "equal_width"])
 def test_histogram_binning_one_bin_is_each_classs_frequency(variant, binning):

@@ -159,6 +159,7 @@ def test_save_refuses_a_calibrator_with_a_foreign_map(tmp_path):
         cal.save(tmp_path / "x.npz")
 
 
+@pytest.mark.long
 def test_bfloat16_leaves_round_trip(tmp_path):
     z, y = overconfident(200, 3, seed=0)
     cal = posthoc.fit("vector", z, y)

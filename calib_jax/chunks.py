@@ -522,6 +522,19 @@ class ChunkSource:
         return Chunk(x, labels, index, tuple(spans))
 
 
+def padded(chunk: Chunk, rows: int):
+    """``(x [rows, K], labels int32 [rows], valid bool [rows])``: ``chunk``
+    padded with zero rows (``valid`` False) to ``rows``, so that a jitted
+    step over chunks compiles once."""
+    n = chunk.x.shape[0]
+    labels = np.asarray(chunk.labels).astype(np.int32, copy=False)
+    if n == rows:
+        return chunk.x, labels, np.ones((rows,), bool)
+    x = np.zeros((rows, chunk.x.shape[1]), chunk.x.dtype)
+    x[:n] = chunk.x
+    return x, np.pad(labels, (0, rows - n)), np.arange(rows) < n
+
+
 def as_source(source, **options) -> ChunkSource:
     """``source`` as a :class:`ChunkSource` (returned as is when it is one).
 

@@ -128,17 +128,6 @@ def _nonfinite(x, valid):
     return jnp.sum(bad.astype(jnp.int32)), jnp.argmax(bad)
 
 
-def _padded(chunk, rows):
-    """``(x [rows, K], labels int32 [rows], valid [rows])``: the chunk, padded."""
-    n = chunk.x.shape[0]
-    labels = np.asarray(chunk.labels).astype(np.int32, copy=False)
-    if n == rows:
-        return chunk.x, labels, np.ones((rows,), bool)
-    x = np.zeros((rows, chunk.x.shape[1]), chunk.x.dtype)
-    x[:n] = chunk.x
-    return x, np.pad(labels, (0, rows - n)), np.arange(rows) < n
-
-
 def _collect(chunk, scores, checks, out) -> None:
     """Appends the chunk's scores to ``out``; a one-line ValueError for NaN/inf."""
     scores, (count, first) = jax.device_get((scores, checks))
@@ -246,7 +235,7 @@ def fit_of_chunks(
                     f"{chunk.where(0)}: the logits have K = {k} class(es); a "
                     "conformal predictor needs K >= 2 classes."
                 )
-        x, y, valid = _padded(chunk, rows)
+        x, y, valid = chunks.padded(chunk, rows)
         # The previous chunk's scores, computed while the host produced this
         # chunk, are fetched before the next step: one step's temporaries
         # (the chunk's float32 softmax and sort) at a time, and the host

@@ -267,7 +267,7 @@ def summary_of_chunks(
                 stats = _binned_stats.BinnedStats.empty(
                     m, convention=convention, num_classes=k
                 )
-        x, labels, valid = _padded(chunk, rows)
+        x, labels, valid = chunks.padded(chunk, rows)
         # The previous chunk's results: the device computed them while the
         # host produced this chunk. Waiting for them before the next step keeps
         # one step in flight (its temporaries, a few [rows, K] float32
@@ -280,17 +280,6 @@ def summary_of_chunks(
         pending = (chunk, x, valid, out, bool(from_logits))
     state.add(*pending)
     return state.values(names, m, stats)
-
-
-def _padded(chunk, rows):
-    """``(x [rows, K], labels int32 [rows], valid [rows])``: the chunk, padded."""
-    n = chunk.x.shape[0]
-    labels = np.asarray(chunk.labels).astype(np.int32, copy=False)
-    if n == rows:
-        return chunk.x, labels, np.ones((rows,), bool)
-    x = np.zeros((rows, chunk.x.shape[1]), chunk.x.dtype)
-    x[:n] = chunk.x
-    return x, np.pad(labels, (0, rows - n)), np.arange(rows) < n
 
 
 class _State:

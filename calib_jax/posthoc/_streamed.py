@@ -130,12 +130,7 @@ class _Passes:
                     "temperature scaling needs K >= 2 classes."
                 )
             self.rows, self.num_classes = n, k
-        labels = np.asarray(chunk.labels).astype(np.int32, copy=False)
-        if n == self.rows:
-            return chunk.x, labels, np.ones((n,), bool)
-        x = np.zeros((self.rows, k), chunk.x.dtype)
-        x[:n] = chunk.x
-        return x, np.pad(labels, (0, self.rows - n)), np.arange(self.rows) < n
+        return chunks.padded(chunk, self.rows)
 
     def _raise_for_checks(self, checks) -> None:
         fetched = jax.device_get([c for _, c, _ in checks])

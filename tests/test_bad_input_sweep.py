@@ -291,6 +291,7 @@ def _assert_cli_errors_are_one_line(runs: dict) -> None:
                 proc.kill()
 
 
+@pytest.mark.long
 def test_train_cli_user_errors_are_one_line(tmp_path):
     """Three CLI paths not reachable in-process, run concurrently."""
     (tmp_path / "a_file").write_text("not a directory")
@@ -346,6 +347,7 @@ def test_train_cli_user_errors_are_one_line(tmp_path):
     assert not (tmp_path / "w1").exists() and not (tmp_path / "w2").exists()
 
 
+@pytest.mark.long
 def test_evaluate_cli_user_errors_are_one_line(tmp_path):
     """``python -m calib_jax.evaluate``: a workdir that holds nothing to score,
     a missing workdir and an earlier evaluation, run concurrently."""
@@ -478,6 +480,7 @@ def test_posthoc_cli_missing_object_in_a_bucket(gcs_bucket, npz_files, capsys):
     assert f"--val file '{gcs_bucket}/nope.npz' does not exist" in _one_line(err)
 
 
+@pytest.mark.long
 def test_train_cli_missing_bucket_is_one_line(gcs_emulator, tmp_path):
     """The command line (the library cases above run in-process): exit 2, one
     line on stderr, nothing written, no bucket created."""
@@ -518,6 +521,7 @@ def test_train_cli_missing_bucket_is_one_line(gcs_emulator, tmp_path):
 INFINITIES = {"+inf": np.inf, "-inf": -np.inf}
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("sign", sorted(INFINITIES))
 @pytest.mark.parametrize("name", sorted(posthoc.CALIBRATORS))
 def test_every_calibrator_rejects_infinite_logits(name, sign):
@@ -532,6 +536,7 @@ def test_every_calibrator_rejects_infinite_logits(name, sign):
     )
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("sign", sorted(INFINITIES))
 @pytest.mark.parametrize("name", sorted(metrics.METRICS))
 def test_every_metric_rejects_infinite_probabilities(name, sign):
@@ -650,6 +655,7 @@ def test_benchmark_checks_every_method_config_before_writing(
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.long
 def test_labels_beyond_int32_coverage_labels_and_apply_k_are_one_line(tmp_path):
     from calib_jax import conformal
 
@@ -837,6 +843,7 @@ def _ml_labels_with(value) -> np.ndarray:
         ),
     ],
 )
+@pytest.mark.long
 def test_multilabel_bad_input_is_one_line(call, message):
     with pytest.raises(ValueError) as err:
         call()
@@ -1019,6 +1026,7 @@ def test_mc_dropout_config_errors_are_one_line_before_any_work(
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.long
 def test_mc_dropout_samples_of_a_model_without_dropout_are_one_line():
     from calib_jax import models
 

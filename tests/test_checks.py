@@ -85,6 +85,7 @@ def _numpy_summary(x, y, where):
     )
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("masked", [False, True])
 def test_value_summary_matches_numpy_and_fuses_under_jit(masked):
     x, y = X.copy(), Y.copy()

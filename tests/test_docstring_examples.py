@@ -49,6 +49,7 @@ def test_the_public_functions_have_examples():
     "name",
     [pytest.param(m, marks=pytest.mark.long) if m in LONG else m for m in MODULES],
 )
+@pytest.mark.long
 def test_docstring_examples(name):
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     failures = []

@@ -60,6 +60,7 @@ def test_every_metric_rejects_a_label_beyond_int32(name):
     assert f"found {2**32 + 1} at row 5" in _one_line(err.value)
 
 
+@pytest.mark.long
 def test_first_included_row_is_named_and_masked_rows_are_ignored():
     labels = _with_label(2**40, row=9)
     labels[3] = K  # in the int32 range but out of [0, K): the first bad row
@@ -158,6 +159,7 @@ def test_conformal_scores_reject_labels_outside_range(bad):
         assert f"[0, {K}); found {bad} at row 7" in _one_line(err.value), name
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["ts", "ts:sb_ece", "ets", "cts", "vector"])
 def test_label_of_an_excluded_row_does_not_change_the_fit(name):
     where = np.ones(40, bool)

@@ -149,6 +149,7 @@ def test_fetched_array_keeps_host_copy():
     ],
     ids=["ece", "adaptive_ece", "classwise_ece_where", "brier", "summary", "test"],
 )
+@pytest.mark.long
 def test_eager_metric_is_one_transfer(monkeypatch, call):
     _, p, y = _probs()
     with count_transfers(monkeypatch) as counter:

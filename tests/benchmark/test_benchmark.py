@@ -210,6 +210,7 @@ def test_bad_grid_is_one_line_before_compute(tmp_path, change, message):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.long
 def test_a_diverging_cell_stops_the_benchmark_naming_the_cell(tmp_path):
     c = tiny_config()
     c.methods, c.seeds = ("ce",), (0,)
@@ -234,6 +235,7 @@ def test_workdir_of_another_benchmark_is_refused_and_kept(tmp_path):
     assert (workdir / runner.CONFIG_FILE).read_text() == saved
 
 
+@pytest.mark.long
 def test_cli_unknown_method_exits_2_with_one_line(tmp_path):
     proc = subprocess.run(
         [

@@ -18,6 +18,7 @@ def _logits(seed, n=240, k=5):
     return (2.5 * z).astype(np.float32), y
 
 
+@pytest.mark.long
 def test_stacked_reliability_is_the_bins_of_each_set():
     sets = [_logits(s, n=120, k=4) for s in (5, 6, 7)]
     z = np.stack([a for a, _ in sets])

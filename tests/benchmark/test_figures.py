@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 import jax
@@ -29,6 +31,7 @@ def _cell(seed):
     return jax.nn.softmax(z, axis=-1), y
 
 
+@pytest.mark.long
 def test_reliability_diagram_from_rows_is_the_diagram_from_probabilities(tmp_path):
     probs, labels = _cell(0)
     bins = metrics.reliability_bins(probs, labels)

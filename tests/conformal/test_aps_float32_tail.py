@@ -13,6 +13,7 @@ import _reference_conformal as ref
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from calib_jax import conformal
 
@@ -31,6 +32,7 @@ def piled(n=1000, k=10, seed=0):
     return z, y.astype(np.int32)
 
 
+@pytest.mark.long
 def test_a_top_probability_of_one_makes_every_class_score_one():
     z, _ = piled()
     p = np.asarray(jax.nn.softmax(jnp.asarray(z), axis=-1))
@@ -51,6 +53,7 @@ def test_a_top_probability_of_one_makes_every_class_score_one():
     assert np.all(exact[has_tail] < k)
 
 
+@pytest.mark.long
 def test_the_fitted_threshold_is_exactly_one_and_set_sizes_differ_from_float64():
     z, y = piled()
     pred = conformal.fit("aps", z[:500], y[:500], alpha=0.1)

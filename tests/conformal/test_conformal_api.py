@@ -24,6 +24,7 @@ def test_registry_names():
     assert conformal.get_predictor("raps") is conformal.fit_raps
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("randomized", [False, True])
 @pytest.mark.parametrize("method", ["thr", "aps", "raps"])
 def test_fit_matches_reference_quantile_and_sets(method, randomized):
@@ -54,6 +55,7 @@ def test_fit_matches_reference_quantile_and_sets(method, randomized):
     np.testing.assert_array_equal(sets[np.arange(300), YT], scores <= pred.qhat)
 
 
+@pytest.mark.long
 def test_fit_and_predict_under_jit_equal_eager_and_vmap_over_splits():
     key, pkey = jax.random.key(3), jax.random.key(4)
 
@@ -125,6 +127,7 @@ def _random_sets(n=400, k=30, seed=0):
     return sets, rng.integers(0, k, n).astype(np.int32), rng.random(n) < 0.7
 
 
+@pytest.mark.long
 def test_coverage_and_set_size_match_numpy_and_where_equals_slicing():
     sets, labels, keep = _random_sets()
     hit = sets[np.arange(len(labels)), labels]
@@ -142,6 +145,7 @@ def test_coverage_and_set_size_match_numpy_and_where_equals_slicing():
     "strata",
     [conformal.RAPS_STRATA, ((0, 0), (1, 4), (5, 12), (13, None)), ((3, 7), (0, 30))],
 )
+@pytest.mark.long
 def test_size_stratified_coverage_matches_numpy(strata):
     sets, labels, keep = _random_sets()
     for where in (None, keep):
@@ -156,6 +160,7 @@ def test_size_stratified_coverage_matches_numpy(strata):
     assert float(gap) == pytest.approx(np.nanmax(np.abs(want_cov - 0.9)), rel=1e-6)
 
 
+@pytest.mark.long
 def test_size_stratified_coverage_of_real_sets_sums_to_marginal():
     pred = conformal.fit("aps", ZC, YC, alpha=0.1)
     sets = pred.predict_sets(ZT)

@@ -43,6 +43,7 @@ CASES = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("alpha, n_cal", [(0.1, 200), (0.2, 49)])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_mean_coverage_over_200_splits_meets_the_finite_sample_guarantee(

@@ -47,6 +47,7 @@ SCORES = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("k", [7, 100])
 @pytest.mark.parametrize("name", sorted(SCORES))
 def test_scores_match_float64_reference(name, k):
@@ -82,6 +83,7 @@ SETS = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(SETS))
 def test_sets_are_the_classes_whose_reference_score_is_below_qhat(name):
     probs, _, u = _case(k=10)
@@ -97,6 +99,7 @@ def test_sets_are_the_classes_whose_reference_score_is_below_qhat(name):
         assert clear.mean() > 0.99
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("randomized", [False, True])
 @pytest.mark.parametrize("method", ["thr", "aps", "raps"])
 def test_label_in_set_exactly_when_its_score_is_below_qhat(method, randomized):
@@ -149,6 +152,7 @@ def test_ties_rank_the_lower_class_index_first():
     np.testing.assert_array_equal(sets[2], [True, True, False, False])
 
 
+@pytest.mark.long
 def test_lam_zero_raps_is_aps_bit_for_bit():
     # K = 10 ranks by the CPU sorting network as K = 20 did (K <= 32), at a
     # quarter of its compile time.
@@ -185,6 +189,7 @@ def test_conformal_quantile_is_theorder_statistic():
             assert np.sum(s <= got) == ref.rank(n, alpha)
 
 
+@pytest.mark.long
 def test_jit_equals_eager_and_low_precision_is_upcast():
     probs, y, u = _case(k=10)
     f = jax.jit(lambda p, y, u: conformal.raps_score(p, y, u=u, lam=0.1, k_reg=2))

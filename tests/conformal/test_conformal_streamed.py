@@ -49,6 +49,7 @@ CASES = [
 ]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("name", "key", "mondrian"), CASES)
 def test_iterable_equals_in_memory(name, key, mondrian):
     kw = {"mondrian": True, "absent": "marginal"} if mondrian else {}

@@ -78,6 +78,7 @@ MONDRIAN = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("method", sorted(MONDRIAN))
 def test_per_class_coverage_over_200_vmapped_splits_meets_the_guarantee(method):
     alpha, n_cal = 0.1, 500
@@ -159,6 +160,7 @@ def test_per_class_quantile_equals_a_float64_numpy_reference(method, alpha):
     np.testing.assert_array_equal(sets[~close], (every <= want[None, :])[~close])
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("method", ["aps", "raps"])
 def test_label_in_set_exactly_when_score_at_most_its_class_threshold(method):
     # Rounded logits: many tied probabilities, the ranking's tie rule matters.

@@ -31,6 +31,7 @@ def near_one(rng, n):
     return v[pick]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("n", [1, 2, 9, 255, 1000, 1025])
 def test_order_statistic_is_the_sorted_value_at_every_rank(n):
     scores = near_one(np.random.default_rng(n), n)
@@ -60,6 +61,7 @@ def test_conformal_quantile_near_one_is_the_inverted_cdf_quantile():
     assert got == np.quantile(scores, r / 999, method="inverted_cdf")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("k", [2, 3, 10, 16, 17, 32, 33])
 def test_row_sort_network_is_the_sorted_rows(k):
     # Both forms of the APS/RAPS ranking; K = 33 falls back to the sort.

@@ -55,6 +55,7 @@ def test_registry_and_table():
     assert C.parameter("pixelate", 1, 8, 8) == 0.875  # small-image table
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(C.CORRUPTIONS))
 @pytest.mark.parametrize("kind", sorted(IMAGES))
 def test_severities_shape_range_determinism_and_order(name, kind):
@@ -77,6 +78,7 @@ def test_severities_shape_range_determinism_and_order(name, kind):
         assert np.all(np.diff(change) >= 0), change
 
 
+@pytest.mark.long
 def test_jit_matches_eager_and_dtype_is_kept():
     x = jnp.asarray(IMAGES["rgb"][:2])
     key = jax.random.key(3)
@@ -194,6 +196,7 @@ def test_hsv_matches_colorsys_and_round_trips():
     np.testing.assert_allclose(C._hsv_to_rgb(h, s, v), x, atol=1e-6)
 
 
+@pytest.mark.long
 def test_noise_statistics():
     x = jnp.full((64, 16, 16, 3), 0.5)
     noisy, shot, impulse = jax.jit(

@@ -136,6 +136,7 @@ def _digits_config(corruptions="contrast,gaussian_noise", severities=(3, 1)):
     return config
 
 
+@pytest.mark.long
 def test_from_logits_scores_the_sets_the_config_selects_in_its_order(tmp_path):
     from calib_jax import metrics
 

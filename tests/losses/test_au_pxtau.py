@@ -79,6 +79,7 @@ def test_au_pxtau_gradient_flows_through_weights_only_below_tau():
     assert np.all(np.abs(g_full[~high] - g_frozen[~high]).max(axis=1) > 1e-6)
 
 
+@pytest.mark.long
 def test_au_pxtau_weight_grad_false_is_the_frozen_weight_gradient():
     """weight_grad=False: same value, gradient beta_i * grad(ce_i) only."""
     logits, labels = _batch(16, b=32)

@@ -24,6 +24,7 @@ def _ref_log_survival(score, hist, centres, nu):
         return np.log1p(-g)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("nu", [0.05, 0.1, 0.5])
 def test_log_survival_matches_float64_eq15(nu):
     rng = np.random.default_rng(0)

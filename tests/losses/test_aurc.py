@@ -20,6 +20,7 @@ from _selective_helpers import scores as _scores
 from calib_jax.losses._aurc import aurc
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("csf", CSFS)
 def test_aurc_equals_mean_of_selective_risks_over_all_coverages(csf):
     logits, labels = _batch(0)
@@ -58,6 +59,7 @@ def test_aurc_with_ties_averages_over_tie_breaking():
     assert np.ptp(values) > 1e-3  # the tie really matters for this batch
 
 
+@pytest.mark.long
 def test_aurc_gradient_is_rank_weighted_cross_entropy_gradient():
     """The ranking weights carry no gradient: grad = (1/n) sum alpha_i grad CE_i."""
     logits, labels = _batch(2, b=16)
@@ -74,6 +76,7 @@ def test_aurc_gradient_is_rank_weighted_cross_entropy_gradient():
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-14)
 
 
+@pytest.mark.long
 def test_aurc_is_small_for_a_confident_correct_batch():
     labels = np.arange(16, dtype=np.int32) % 5
     logits = 20.0 * np.eye(5, dtype=np.float32)[labels]

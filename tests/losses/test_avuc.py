@@ -50,6 +50,7 @@ def _frozen_confidence_avuc(logits, labels, conf, kappa):
     return math.log(1 + (n_au + n_ic) / (n_ac + n_iu))
 
 
+@pytest.mark.long
 def test_avuc_gs_gradient_flows_only_through_tanh_of_entropy():
     """App. F: no gradient through the c_i and (1 - c_i) multiplicands."""
     logits, labels = _batch(1)
@@ -77,6 +78,7 @@ def test_avuc_gs_gradient_flows_only_through_tanh_of_entropy():
     assert np.max(np.abs(full - got)) > 1e-2
 
 
+@pytest.mark.long
 def test_avuc_pushes_inaccurate_certain_prediction_to_more_confidence():
     """Sec. 4.2 / App. F: minimising n_IC rewards raising c_i of an IC sample."""
     # Sample 0: wrong and certain (low entropy); sample 1: right and certain.
@@ -125,6 +127,7 @@ def test_s_avuc_matches_reference_at_defaults():
     )
 
 
+@pytest.mark.long
 def test_soft_uncertainty_identity_and_threshold():
     h = jnp.linspace(0.0, 1.0, 11)
     np.testing.assert_allclose(soft_uncertainty(h, 0.5, 1.0), h, atol=1e-6)

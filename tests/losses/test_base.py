@@ -51,6 +51,7 @@ def test_first_index_and_take_col_follow_argmax_on_ties():
     np.testing.assert_array_equal(g, want)
 
 
+@pytest.mark.long
 def test_zeroing_helpers_keep_nan_of_excluded_rows_out_of_value_and_gradient():
     x = _logits(1, b=4)
     x[2, 3] = np.nan
@@ -84,6 +85,7 @@ def test_max_rest_logit_is_the_largest_non_label_logit():
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("mode", ["tuned", "plain"])
 def test_true_vs_rest_log_odds_match_float64_at_extreme_confidence(mode):
     x = _logits(2, b=6, k=5).astype(np.float64)
@@ -107,6 +109,7 @@ def test_true_vs_rest_log_odds_match_float64_at_extreme_confidence(mode):
     np.testing.assert_allclose(split.log_sq_ratio, np.log(ratio), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("mode", ["tuned", "plain"])
 def test_row_stats_match_float64_with_the_first_argmax_rule(mode):
     x = _logits(3, b=8, k=6)

@@ -27,6 +27,7 @@ def _grad(fn, logits, labels, **kw):
     )
 
 
+@pytest.mark.long
 def test_cpc_hand_value():
     logits = np.zeros((1, 4), np.float32)
     # 1v1: 3 pairs of log 2; BE: 6 ordered pairs x 2 log 2 each.
@@ -39,6 +40,7 @@ def test_cpc_hand_value():
     np.testing.assert_allclose(got, [math.log1p(math.exp(-2.0))], rtol=1e-6)
 
 
+@pytest.mark.long
 def test_cpc_gradient_is_acls_supplement_eqs_5_and_6():
     logits, labels = _batch(8, k=6, scale=2.0)
     l1, l2 = 0.7, 0.3
@@ -60,6 +62,7 @@ def test_cpc_gradient_is_acls_supplement_eqs_5_and_6():
     np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.long
 def test_cpc_blocked_evaluation_matches(monkeypatch):
     # Force several class blocks with padding (7 classes in blocks of 3).
     logits, labels = _batch(9, b=8, k=7, scale=3.0)

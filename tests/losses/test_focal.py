@@ -36,6 +36,7 @@ def _grad(fn, logits, labels, **kw):
 # --- focal -------------------------------------------------------------------
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("scale", [2.0, 50.0])
 def test_focal_with_gamma_0_is_cross_entropy(scale):
     logits, labels = _batch(0, scale=scale)
@@ -74,6 +75,7 @@ def test_focal_decreases_with_gamma_and_is_below_cross_entropy():
         prev = cur
 
 
+@pytest.mark.long
 def test_focal_gradient_vanishes_at_certainty_without_nan():
     # p_y = 1 to float32 precision: 1 - p_y cannot be formed as 1 - p.
     logits = np.array([[40.0, 0.0, 0.0], [1e4, 0.0, -1e4]], np.float32)

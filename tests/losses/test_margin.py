@@ -107,6 +107,7 @@ def test_acls_logit_grad_matches_reference():
     np.testing.assert_allclose(g, [[0.3, -0.03, -0.02]], rtol=1e-6)
 
 
+@pytest.mark.long
 def test_acls_logit_grad_is_half_the_gradient_of_eq13_with_stop_gradients():
     """Eq. (12) = 1/2 grad of Eq. (13) with min_k z_k and z_yhat held fixed."""
     logits, labels = _batch(4, k=6)

@@ -31,6 +31,7 @@ def _calibrated_batch():
     return logits, labels
 
 
+@pytest.mark.long
 def test_mmce_is_zero_on_a_perfectly_calibrated_batch():
     logits, labels = _calibrated_batch()
     assert abs(float(mmce(logits, labels, squared=True))) < 1e-7

@@ -175,6 +175,7 @@ def _plain_brier64(z, y):
     return jnp.sum(rest, axis=1) ** 2 + jnp.sum(rest * rest, axis=1)
 
 
+@pytest.mark.long
 def test_brier_at_extreme_rows_matches_float64():
     # The label the unique maximum far above the rest, tied with it, just
     # below it, far below it; logits of magnitude 1e4.

@@ -43,6 +43,7 @@ def _call(case, logits, labels, **kw):
     return case.fn(logits, labels, **case.hparams, **kw)
 
 
+@pytest.mark.long
 @_cases(ALL)
 def test_value_matches_float64_reference(name):
     case = BY_NAME[name]
@@ -76,6 +77,7 @@ def test_check_grads_order1(name):
         )
 
 
+@pytest.mark.long
 @_cases(ALL)
 def test_jit_equals_eager_with_one_trace(name):
     # One jitted function over batches of one shape: equal to eager on each,
@@ -94,6 +96,7 @@ def test_jit_equals_eager_with_one_trace(name):
     chex.clear_trace_counter()
 
 
+@pytest.mark.long
 @_cases(ALL)
 def test_where_equals_slicing(name):
     case = BY_NAME[name]
@@ -112,6 +115,7 @@ def test_where_equals_slicing(name):
         np.testing.assert_array_equal(masked[~mask], 0.0)
 
 
+@pytest.mark.long
 @_cases(ALL)
 def test_where_masked_gradients_are_finite_and_zero(name):
     case = BY_NAME[name]
@@ -159,6 +163,7 @@ def test_finite_at_extreme_logits(name, scale):
     assert np.all(np.isfinite(_grad_of_sum(case, big, labels)))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("correct", [True, False], ids=["all_correct", "all_wrong"])
 @_cases(ALL)
 def test_finite_on_all_correct_and_all_wrong(name, correct):
@@ -183,6 +188,7 @@ def test_batch_level_invariant_to_permutation(name):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.long
 @_cases(BATCH_ONLY)
 def test_batch_level_global_semantics_on_8_devices(name):
     case = BY_NAME[name]

@@ -89,6 +89,7 @@ def _batch_for(name, batch):
     return x, y
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("batch", list(BATCHES))
 @pytest.mark.parametrize("name", list(CASES))
 def test_value_matches_float64_reference(name, batch):
@@ -99,6 +100,7 @@ def test_value_matches_float64_reference(name, batch):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("batch", list(BATCHES))
 @pytest.mark.parametrize("name", list(CASES))
 def test_gradient_matches_float64_reference(name, batch):
@@ -300,6 +302,7 @@ def test_tie_rule_sb_ece_and_ece_agree_on_all_equal_logits():
         ("dual_focal", {"variant": "reweighted_risk_description"}),
     ],
 )
+@pytest.mark.long
 def test_tie_rule_every_loss_that_uses_correctness(name, kw):
     """On all-equal logits a loss sees label 0 as correct and every other label
     as wrong: relabelling the wrong rows among 1..K-1 changes nothing, moving a
@@ -353,6 +356,7 @@ METRICS_USING_CORRECTNESS = [
 @pytest.mark.parametrize(
     ("name", "kw"), METRICS_USING_CORRECTNESS, ids=lambda v: str(v)
 )
+@pytest.mark.long
 def test_tie_rule_every_metric_that_uses_correctness(name, kw):
     """All-equal rows give the value of rows whose class 0 is the unique top
     by a hair: the tie goes to the first class, for every metric."""

@@ -116,6 +116,7 @@ def _calibrated_batch():
     return logits, labels
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("kind", ["lb", "bin"])
 @pytest.mark.parametrize("temperature", [1e-4, 1e-2, 1.0])
 def test_perfectly_calibrated_batch_gives_zero(kind, temperature):

@@ -16,6 +16,7 @@ from calib_jax import metrics
 BatchStats = metrics.BinnedStats
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("classwise", [False, True])
 def test_merge_over_100_batches_equals_one_shot(classwise):
     probs, labels = softmax_case(n=3000, k=10, seed=11)
@@ -74,6 +75,7 @@ def test_where_equals_slicing_and_jit_equals_eager():
         np.testing.assert_allclose(jitted, masked, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.long
 def test_nan_padding_with_bad_labels_is_ignored():
     probs, labels = softmax_case(n=200, k=10, seed=15)
     pad_p = np.concatenate([probs, np.full((56, 10), np.nan, np.float32)])

@@ -271,6 +271,7 @@ def test_consistency_p_values_are_roughly_uniform_under_calibration():
     assert np.median(p) > 0.2, p
 
 
+@pytest.mark.long
 def test_consistency_p_value_is_minimal_on_miscalibrated_data():
     probs, labels = _calibrated(jax.random.key(1))
     # Confident and right half the time.
@@ -297,6 +298,7 @@ def test_consistency_options_are_checked(kwargs, message):
         metrics.ece_consistency_test(probs, labels, **kwargs)
 
 
+@pytest.mark.long
 def test_bad_values_are_rejected_eagerly():
     probs, labels = softmax_case(n=16, k=3, seed=0)
     probs[5, 1] = np.nan

@@ -46,6 +46,7 @@ def _bad_rows(probs):
     return probs
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("preset", ["calib_jax", "focal_calibration"])
 @pytest.mark.parametrize("k", [3, 10, 40, 1000])  # column adds, matvec
 @pytest.mark.parametrize("mode", MODES)
@@ -86,6 +87,7 @@ def test_kernel_screen_sums_and_unchanged_statistics(mode, k, preset):
     np.testing.assert_allclose(sums[9], 1.5, rtol=1e-6)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("classwise", [False, True])
 def test_stats_from_batch_screen_is_the_top_label_screen(classwise):
     probs, labels = softmax_case(n=500, k=12, seed=3)
@@ -115,6 +117,7 @@ CORES = [
 ]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("binning, p, mode", CORES)
 def test_core_value_is_bit_identical_with_and_without_screen(binning, p, mode):
     probs, labels = softmax_case(n=640, k=10, seed=11)
@@ -179,6 +182,7 @@ def _scaled(probs, row, factor):
         (lambda p: _scaled(p, 6, 1.0011), "row 6 sums to 1.0011"),
     ],
 )
+@pytest.mark.long
 @pytest.mark.parametrize("call", sorted(CALLS))
 def test_screened_call_raises_the_message_of_the_separate_screen(
     call, make, message, k
@@ -214,6 +218,7 @@ def test_screened_call_raises_the_message_of_the_separate_screen(
     np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
 
 
+@pytest.mark.long
 def test_rows_within_the_tolerance_pass_the_kernel_screen():
     probs, labels = softmax_case(n=64, k=40, seed=9)
     probs = _scaled(_with(probs, 2, 5, -0.0), 3, 1.0009)  # -0.0 and 1 + 9e-4

@@ -27,6 +27,7 @@ def _edge_values(m):
     return np.unique(values).astype(np.float32)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("num_bins", [5, 10, 15, 22, 60])
 def test_bin_index_matches_rule_on_edges(preset, num_bins):

@@ -19,6 +19,7 @@ CASES = all_cases()
 PRESETS = sorted(ref.PRESET_RULES)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("preset", PRESETS)
 def test_ece_all_presets(case, preset):
@@ -28,6 +29,7 @@ def test_ece_all_presets(case, preset):
     close(metrics.ece(pp, pl, where=w, convention=preset), expected)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", sorted(wide_cases()))
 def test_top_label_paths_for_many_classes(case):
     probs, labels = wide_cases()[case]

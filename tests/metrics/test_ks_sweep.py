@@ -15,6 +15,7 @@ from calib_jax import metrics
 CASES = all_cases()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_binning_free_and_proper(case):
     probs, labels = CASES[case]
@@ -25,6 +26,7 @@ def test_binning_free_and_proper(case):
     close(metrics.accuracy(pp, pl, where=w), ref.accuracy(probs, labels))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", ["softmax_k10", "ties", "n1", "all_correct", "edges"])
 def test_sweep_ece(case):
     probs, labels = CASES[case]

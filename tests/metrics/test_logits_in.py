@@ -116,6 +116,7 @@ def test_every_metric_taking_probs_takes_logits():
     }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", _params(FAST))
 def test_logits_in_equals_probs_in_and_rows_in_equal_probs_in_bitwise(name):
     probs = jax.nn.softmax(jnp.asarray(LOGITS), axis=-1)

@@ -106,6 +106,7 @@ def test_degenerate_data_gives_zero_width():
     assert float(res.estimate["ece"]) == pytest.approx(0.3, abs=1e-6)
 
 
+@pytest.mark.long
 def test_interval_covers_the_truth_at_the_nominal_rate():
     # 300 data sets of 200 Bernoulli(0.8) outcomes; accuracy's true value is
     # 0.8. The 95% percentile interval should contain it in about 95% of the

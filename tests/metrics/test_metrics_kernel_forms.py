@@ -38,6 +38,7 @@ def k10():
     return padded(*with_max_ties(*softmax_case(n=240, k=10, seed=0)))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("mode", MODES)
 def test_binned_metrics_match_float64(mode, k10):
     pp, pl, w = k10
@@ -59,6 +60,7 @@ def test_binned_metrics_match_float64(mode, k10):
         )
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("mode", MODES)
 def test_sort_based_metrics_match_float64(mode, k10):
     pp, pl, w = k10
@@ -138,6 +140,7 @@ def test_forcing_a_family_changes_the_traced_program(family, k10):
     assert texts["tuned"] != texts["plain"]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("k", [10, 64, 1000])
 @pytest.mark.parametrize("screen", [False, True])
 def test_packed_top_label_whole_rows_equal_the_plain_form(k, screen):

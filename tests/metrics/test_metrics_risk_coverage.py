@@ -57,6 +57,7 @@ def test_risk_at_coverage(case):
     _close(full, 1.0 - ref.accuracy(probs, labels))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_coverage_at_risk(case):
     probs, labels = CASES[case]

@@ -30,6 +30,7 @@ def calibrated_case(n=240, seed=5):
     return binary_case(f, rng.random(n) < f)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", ["ties", "edges", "n1", "empty_bins", "calibrated"])
 def test_fixed_point_matches_reference(case):
     probs, labels = calibrated_case() if case == "calibrated" else CASES[case]

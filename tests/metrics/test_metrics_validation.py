@@ -99,6 +99,7 @@ def test_value_checks_are_skipped_under_jit():
 SCREENED = ("ece", "rmsce", "adaptive_ece", "classwise_ece")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("k", [3, 40, 37])  # packed rows, packed blocks, plain
 @pytest.mark.parametrize("name", SCREENED)
 def test_fused_eager_call_is_bit_identical_to_the_jitted_metric(name, k):
@@ -124,6 +125,7 @@ def test_fused_eager_call_is_bit_identical_to_the_jitted_metric(name, k):
         (1.5, "probabilities in"),
     ],
 )
+@pytest.mark.long
 def test_fused_screen_rejects_every_bad_entry(k, value, message):
     probs, labels = softmax_case(n=64, k=k, seed=9)
     probs = np.array(probs, np.float32)

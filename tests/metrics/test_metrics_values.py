@@ -26,6 +26,7 @@ PRESETS = sorted(ref.PRESET_RULES)
 @pytest.mark.parametrize(
     "preset", ["calib_jax", "netcal", "focal_calibration", "robustness_metrics"]
 )
+@pytest.mark.long
 def test_adaptive_ece(case, preset):
     probs, labels = CASES[case]
     pp, pl, w = padded_case(CASES, case)
@@ -60,6 +61,7 @@ def test_adaptive_ece_bin_counts_with_ties(num_bins):
     close(metrics.adaptive_ece(pp, pl, where=w, num_bins=num_bins), expected)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", ["softmax_k10", "softmax_k2", "n1", "all_correct"])
 @pytest.mark.parametrize("preset", PRESETS)
 def test_classwise_ece(case, preset):
@@ -88,6 +90,7 @@ def test_classwise_l2_root_placement():
     assert float(got) <= float(after) + 1e-7  # Jensen: mean of roots <= root of mean
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("case", ["softmax_k10", "softmax_k2", "ties", "n1"])
 @pytest.mark.parametrize("debias", [False, True])
 def test_marginal_ece_matches_kumar_binning(case, debias):
@@ -114,6 +117,7 @@ def test_ood_metrics_with_ties():
         close(got, ref.fpr_at_tpr(s_in, s_out, tpr))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("positive", ["in", "out"])
 def test_ood_aupr_equals_the_float64_definition_with_ties_and_masks(positive):
     from sklearn.metrics import average_precision_score

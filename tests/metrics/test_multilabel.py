@@ -86,6 +86,7 @@ def test_equal_width_per_label_matches_float64_one_label_at_a_time(preset):
     )
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("preset", MASS_PRESETS)
 def test_equal_mass_per_label_matches_float64_one_label_at_a_time(preset):
     z, y = _data(n=150, num_labels=3, seed=1)
@@ -137,6 +138,7 @@ def test_single_label_equals_the_binary_binned_stats():
         np.testing.assert_allclose(float(got), float(binary), **TOL)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("binning", ["equal_width", "equal_mass"])
 def test_one_hot_labels_of_a_softmax_give_the_classwise_ece(binning):
     # With K classes as K labels, the macro value is Def. A.1's class-wise ECE.
@@ -154,6 +156,7 @@ def test_one_hot_labels_of_a_softmax_give_the_classwise_ece(binning):
     "binning, average",
     [("equal_width", "none"), ("equal_mass", "none"), ("equal_mass", "micro")],
 )
+@pytest.mark.long
 def test_where_equals_slicing(binning, average):
     z, y = _data(n=100, num_labels=3, seed=6)
     pad_z = np.concatenate([z, np.full((7, 3), np.nan, np.float32)])
@@ -166,6 +169,7 @@ def test_where_equals_slicing(binning, average):
     np.testing.assert_allclose(got, want, **TOL)
 
 
+@pytest.mark.long
 def test_chunk_sums_merge_to_the_whole_split():
     z, y = _data(n=300, num_labels=5, seed=7)
     whole = metrics.MultilabelStats.from_batch(z, y, num_bins=12)
@@ -190,6 +194,7 @@ def test_chunk_sums_merge_to_the_whole_split():
         merged.merge(metrics.MultilabelStats.empty(4, 12))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("binning", ["equal_width", "equal_mass"])
 def test_jit_equals_eager(binning):
     z, y = _data(n=90, num_labels=3, seed=8)

@@ -254,6 +254,7 @@ def test_energy_temperature_is_traceable():
         close(row, ref_energy(z, t))
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_low_precision_logits_give_float32_scores(dtype):
     z = jnp.asarray(_logits(), dtype)

@@ -63,6 +63,7 @@ def test_order_statistics_are_the_sorted_values():
     np.testing.assert_array_equal(np.asarray(got), s[ranks])
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("p", [1, 2])
 def test_adaptive_ece_from_radix_select_matches_float64(p):
     n, k = _adaptive.SELECT_MIN_ROWS + 1234, 10
@@ -154,6 +155,7 @@ def test_top_label_forms_near_one_equal_numpy(k):
         np.testing.assert_array_equal(np.asarray(correct), probs.argmax(1) == labels)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("n", [1, 2, 257])
 def test_sorted_by_confidence_forms_near_one_equal_numpy(n):
     from calib_jax import kernels
@@ -224,6 +226,7 @@ def test_rank_stats_forms_near_one_are_the_sorted_cut(m):
         pytest.param(263, marks=pytest.mark.long),
     ],
 )
+@pytest.mark.long
 def test_classwise_forms_near_one_across_a_row_block(extra):
     # K = 1000: a scan block of the tuned kernel holds 262 rows.
     from calib_jax import kernels

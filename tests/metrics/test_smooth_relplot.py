@@ -45,6 +45,7 @@ def _check(probs, labels, f, y, target="top_label"):
         assert abs(float(got) - want) < 1e-4, (sigma, float(got), want)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("scale", [3.0, 40.0])
 def test_top_label_equals_relplot(scale):
     probs, labels = confident(scale, seed=0)
@@ -54,6 +55,7 @@ def test_top_label_equals_relplot(scale):
     _check(probs, labels, f, y)
 
 
+@pytest.mark.long
 def test_binary_with_mass_at_zero_and_one_equals_relplot():
     rng = np.random.default_rng(1)
     p = rng.random(2000)

@@ -90,6 +90,7 @@ def _pieces(x):
     return [(x[a:b], LABELS[a:b]) for a, b in itertools.pairwise(CUTS)]
 
 
+@pytest.mark.long
 def test_iterator_of_probs_pairs(expected):
     out = summary_of_chunks(iter(_pieces(PROBS)), chunk_rows=ROWS, progress_bar=False)
     _assert_equal(out, expected)

@@ -46,6 +46,7 @@ def test_every_value_matches_its_float64_reference():
         np.testing.assert_allclose(float(value), want[key], **TOL, err_msg=key)
 
 
+@pytest.mark.long
 def test_values_are_the_public_metrics_bit_for_bit():
     probs, labels = _case(4)
     got = metrics.summary(probs, labels)
@@ -69,6 +70,7 @@ def test_where_drops_rows_like_slicing():
         np.testing.assert_allclose(float(value), want[key], **TOL, err_msg=key)
 
 
+@pytest.mark.long
 def test_jit_equals_eager_and_vmap_equals_a_loop():
     sets = [_case(s) for s in (6, 7, 8)]
     probs = np.stack([p for p, _ in sets])

@@ -90,6 +90,7 @@ PUBLISHED = [
 ]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(("name", "kwargs", "published"), PUBLISHED)
 def test_published_counts_within_one_percent(name, kwargs, published):
     if name == "wrn":
@@ -108,6 +109,7 @@ def test_wrn28_10_equals_the_count_from_its_description():
     assert count.elementwise < 0.002 * count.flops
 
 
+@pytest.mark.long
 def test_counts_do_not_depend_on_the_batch_or_the_mode():
     model = models.get_model("resnet20", num_classes=10, dtype=jnp.bfloat16)
     one = models.count_flops(model, (32, 32, 3), batch=1)

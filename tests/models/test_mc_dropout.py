@@ -52,6 +52,7 @@ class BnDropNet(nn.Module):
 # ---- the dropout option of the digits models ----------------------------------------
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_rate_zero_adds_no_layer_and_rate_changes_no_parameter(name):
     x = jnp.asarray(np.random.default_rng(1).normal(size=(3, 4, 4, 1)), jnp.float32)
@@ -109,6 +110,7 @@ def test_from_config_takes_dropout_rate_and_rejects_models_without_it():
 # ---- samples ----------------------------------------------------------------------------
 
 
+@pytest.mark.long
 def test_samples_are_flax_dropout_with_the_documented_keys():
     model, v = _mlp()
     z = models.mc_dropout_logits(model, v, X, key=KEY, num_samples=S, first_row=5)
@@ -119,6 +121,7 @@ def test_samples_are_flax_dropout_with_the_documented_keys():
         np.testing.assert_allclose(z[s, i], ref[0], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.long
 def test_batchnorm_stays_on_running_averages_while_dropout_samples():
     x = jnp.asarray(X)
     v = BnDropNet().init(jax.random.key(0), x)
@@ -161,6 +164,7 @@ def test_samples_differ_and_are_deterministic_per_key():
     assert not np.allclose(model.apply(v, X), a[0])
 
 
+@pytest.mark.long
 def test_samples_do_not_depend_on_the_batch_split_or_the_jit_site():
     # The same masks; another batch shape may round differently.
     model, v = _mlp()
@@ -177,6 +181,7 @@ def test_samples_do_not_depend_on_the_batch_split_or_the_jit_site():
     np.testing.assert_allclose(jitted(v, X[2:], 2), part, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.long
 def test_row_sharded_over_8_devices_equals_one_device():
     model, v = _mlp()
     x = np.random.default_rng(3).normal(size=(16, 4, 4, 1)).astype(np.float32)

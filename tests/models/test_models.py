@@ -65,6 +65,7 @@ PUBLISHED = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_parameter_counts_match_published(name):
     model = models.get_model(name, num_classes=10)
@@ -202,6 +203,7 @@ def test_init_and_features_by_method_name():
         (CNN(num_classes=10), (2, 8, 8, 1)),
     ],
 )
+@pytest.mark.long
 def test_bfloat16_compute(model, shape):
     low = model.clone(dtype=jnp.bfloat16)
     x = jax.random.uniform(jax.random.key(1), shape)

@@ -54,6 +54,7 @@ def test_top_label_thresholds_and_values_equal_uncertainty_calibration():
         np.testing.assert_allclose(calibrated[new], expected, rtol=0, atol=1e-6)
 
 
+@pytest.mark.long
 def test_one_vs_rest_bins_equal_uncertainty_calibration_per_class():
     z, y = _data(800, 3, seed=2)
     zt, _ = _data(2000, 3, seed=3)

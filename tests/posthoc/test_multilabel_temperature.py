@@ -85,6 +85,7 @@ def test_nll_never_increases_against_t_equal_one(seed):
     )
 
 
+@pytest.mark.long
 def test_labels_are_fitted_independently(fitted):
     # One vmapped fit: changing one label's logits leaves the others' alone.
     z, y, cal = fitted

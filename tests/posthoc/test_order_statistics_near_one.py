@@ -49,6 +49,7 @@ def float_bits(v):
     return np.asarray(v, np.float32).view(np.uint32)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("mode", ["tuned", "plain"])
 def test_eight_rows_near_one_one_vs_rest(mode):
     p1 = np.array([0.1, 0.2, 0.3, 0.99995, 0.99996, 0.99997, 0.99998, 0.99999])
@@ -85,6 +86,7 @@ def test_top_label_keys_of_four_classes_take_25_bits():
     assert len(_cpu_kernels._widths(1024, 25)) == 3
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("form", ["tuned", "plain"])
 @pytest.mark.parametrize("top_label_of", [0, 4])
 @pytest.mark.parametrize(("g", "r"), SLOTS)
@@ -151,6 +153,7 @@ def test_metric_order_statistics_are_the_sorted_values(r):
     np.testing.assert_array_equal(np.asarray(got), s[ranks])
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("m", [2, 15, 64])
 def test_rank_bins_near_one_equal_the_sorted_cut(m):
     rng = np.random.default_rng(m)
@@ -171,6 +174,7 @@ def _two_class_probs(v):
 @pytest.mark.parametrize(
     "n", [_adaptive.SELECT_MIN_ROWS - 1, _adaptive.SELECT_MIN_ROWS]
 )
+@pytest.mark.long
 def test_adaptive_ece_near_one_matches_float64(n, mode):
     # Below SELECT_MIN_ROWS the bins come from a sort, from it on from the
     # radix select (tuned) or its plain form.
@@ -228,6 +232,7 @@ def _logits_near_one(rng, n):
 @pytest.mark.parametrize(
     "mode", ["tuned", pytest.param("plain", marks=pytest.mark.long)]
 )
+@pytest.mark.long
 def test_histogram_binning_near_one_matches_float64(variant, num_bins, mode):
     rng = np.random.default_rng(num_bins)
     n, k = 1600, 2

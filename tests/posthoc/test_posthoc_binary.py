@@ -20,6 +20,7 @@ def binary(n, seed, truth):
     return np.stack([np.zeros(n, np.float32), d], axis=1), y
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("smoothing", [True, False])
 def test_platt_matches_float64_reference(smoothing):
     z, y = binary(3000, 0, lambda s: ref.sigmoid(0.4 * np.log(s / (1 - s)) + 0.3))

@@ -260,6 +260,7 @@ def test_bad_workdirs_and_flags_are_one_line(tmp_path, capsys):
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.long
 def test_misaligned_labels_warn_in_one_line_per_fit(tmp_path, capsys):
     data = _logits()
     z = data["val"][0]

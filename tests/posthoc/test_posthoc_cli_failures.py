@@ -74,6 +74,7 @@ def _fail_writing(monkeypatch, name: str, error: BaseException) -> None:
     monkeypatch.setattr(epath.Path, "write_bytes", write_bytes)
 
 
+@pytest.mark.long
 def test_a_full_disk_leaves_no_output_and_the_rerun_works(
     inputs, tmp_path, capsys, monkeypatch
 ):
@@ -247,6 +248,7 @@ def test_sizes_that_cannot_fit_fail_before_reading_the_logits(
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.long
 def test_sizes_within_memory_pass(inputs, tmp_path, capsys, monkeypatch):
     # 20 * K * 15 bytes of bins and 30 * 30 * 4 bytes of matrix parameters.
     monkeypatch.setattr(_memory, "available_bytes", lambda device=None: 3600)

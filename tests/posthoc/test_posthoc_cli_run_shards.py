@@ -96,6 +96,7 @@ def _nll_and_brier(z, y, t):
     return nll, brier, grad
 
 
+@pytest.mark.long
 def test_a_two_process_workdir_fits_ts_and_scores_test_from_its_shards(
     tmp_path, capsys
 ):

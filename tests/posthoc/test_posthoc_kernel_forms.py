@@ -66,6 +66,7 @@ def test_exp_sums_agree_across_forms_on_several_blocks(monkeypatch, data):
     np.testing.assert_allclose(w, dw, rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("mode", MODES)
 def test_nll_fit_reaches_the_float64_optimum_in_both_forms(mode, data):
     z, y = data

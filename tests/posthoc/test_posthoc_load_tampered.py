@@ -132,6 +132,7 @@ def _with_array(saved, name, key, value):
         ("vector", "p1", lambda a: a.astype(np.uint32), "stored as uint32"),
     ],
 )
+@pytest.mark.long
 def test_stored_dtype_other_than_the_header_is_rejected(
     saved, tmp_path, name, key, make, message
 ):
@@ -175,6 +176,7 @@ def test_temperature_outside_its_range_is_rejected(saved, tmp_path, value):
         ("ets", "p1", lambda a: a - 1, "params['weights'] must be in [0, 1]"),
     ],
 )
+@pytest.mark.long
 def test_other_parameters_outside_their_range_are_rejected(
     saved, tmp_path, name, key, change, message
 ):
@@ -250,6 +252,7 @@ def test_inconsistent_number_of_classes_is_rejected(saved, tmp_path):
 @pytest.mark.parametrize(
     "name", ["vector", "matrix", "dirichlet", "cts", "histogram_binning", "isotonic"]
 )
+@pytest.mark.long
 def test_apply_names_the_expected_number_of_classes(name):
     cal = posthoc.fit(name, Z, Y)
     message = (
@@ -265,6 +268,7 @@ def test_apply_names_the_expected_number_of_classes(name):
     assert cal.apply(Z).shape == (200, 4)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["ts", "ets", "pts"])
 def test_maps_that_take_any_k_still_do(name):
     cal = posthoc.fit(name, Z, Y, **({"steps": 30} if name == "pts" else {}))
@@ -273,6 +277,7 @@ def test_maps_that_take_any_k_still_do(name):
     assert out.shape == (200, 8) and np.isfinite(out).all()
 
 
+@pytest.mark.long
 def test_vmapped_fits_still_apply_under_vmap():
     zs = np.stack([Z, Z[::-1]])
     ys = np.stack([Y, Y[::-1]])

@@ -18,6 +18,7 @@ def data():
     return z, y, zt, yt
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["ts", "ets", "pts"])
 def test_accuracy_preserving_methods_keep_the_argmax(data, name):
     z, y, zt, _ = data

@@ -50,6 +50,7 @@ def test_library_scores_are_the_softmax():
 @pytest.mark.parametrize(
     ("n", "k", "scale"), [(7, 2, 0.1), (4097, 3, 30.0), (3000, 100, 3.0)]
 )
+@pytest.mark.long
 def test_checked_scores_are_bit_equal_to_the_ones_maps_apply(n, k, scale):
     # Fitters read the logits once for scores and value check together; the
     # scores must stay bit-equal to what apply_* computes, or a validation
@@ -137,6 +138,7 @@ def test_histogram_binning_matches_float64_reference(variant, binning):
         np.testing.assert_allclose(params["values"][c], values, atol=1e-7)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("binning", ["equal_mass", "equal_width"])
 def test_histogram_binning_one_bin_is_each_classs_frequency(variant, binning):
@@ -161,6 +163,7 @@ def test_histogram_binning_one_bin_is_each_classs_frequency(variant, binning):
             np.testing.assert_allclose(params["values"][c, 0], expected, rtol=1e-6)
 
 
+@pytest.mark.long
 def test_histogram_binning_equal_mass_bins_hold_equal_counts_without_ties():
     z, y = overconfident(1500, 3, seed=5, scale=1.0)  # continuous, no ties
     params = posthoc.fit_histogram_binning(z, y, variant="one_vs_rest", num_bins=10)
@@ -170,6 +173,7 @@ def test_histogram_binning_equal_mass_bins_hold_equal_counts_without_ties():
         np.testing.assert_array_equal(np.bincount(bins, minlength=10), 150)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("k", [2, 10, 1000])
 def test_top_label_thresholds_are_the_order_statistics_at_the_extremes(k):
     # Top-label confidences lie in [fl(1/K), 1]; the select runs on keys
@@ -215,6 +219,7 @@ def test_histogram_binning_where_equals_slicing_and_jit_equals_eager():
         np.testing.assert_array_equal(c[key], d[key])
 
 
+@pytest.mark.long
 def test_histogram_binning_class_never_predicted_keeps_its_confidence():
     z, y = overconfident(800, 4, seed=6)
     z[:, 3] -= 100.0  # class 3 is never the prediction on validation
@@ -225,6 +230,7 @@ def test_histogram_binning_class_never_predicted_keeps_its_confidence():
     np.testing.assert_allclose(out, ref.softmax(zt), rtol=1e-6)
 
 
+@pytest.mark.long
 def test_histogram_binning_many_bins_use_the_binary_search_path():
     z, y = overconfident(4000, 3, seed=7)
     zt, _ = overconfident(500, 3, seed=8)
@@ -284,6 +290,7 @@ def test_isotonic_equals_sklearn_on_ten_thousand_points(variant):
         assert (x[m:] == x[m - 1]).all() and (v[m:] == v[m - 1]).all()  # padding
 
 
+@pytest.mark.long
 def test_isotonic_binary_fit_is_monotone_and_pools_ties():
     z, y = tied(5000, 3, seed=14, distinct=300)
     params = posthoc.fit_isotonic(z, y, variant="one_vs_rest")
@@ -314,6 +321,7 @@ def test_isotonic_where_equals_slicing_and_apply_jits():
         np.testing.assert_allclose(eager, np.exp(jitted(a, z)), atol=1e-6)
 
 
+@pytest.mark.long
 def test_isotonic_class_never_predicted_gets_the_identity():
     z, y = overconfident(800, 4, seed=16)
     z[:, 0] -= 100.0

@@ -77,6 +77,7 @@ def test_every_registry_entry_is_covered():
     assert {n for n, _ in CASES} >= set(posthoc.CALIBRATORS)
 
 
+@pytest.mark.long
 def test_save_refuses_to_overwrite_and_replaces_with_overwrite(tmp_path):
     z, y = overconfident(200, 3, seed=0)
     a = posthoc.fit("ts", z, y)
@@ -158,6 +159,7 @@ def test_save_refuses_a_calibrator_with_a_foreign_map(tmp_path):
         cal.save(tmp_path / "x.npz")
 
 
+@pytest.mark.long
 def test_bfloat16_leaves_round_trip(tmp_path):
     z, y = overconfident(200, 3, seed=0)
     cal = posthoc.fit("vector", z, y)
@@ -186,6 +188,7 @@ def gcs_bucket(monkeypatch):
         server.stop()
 
 
+@pytest.mark.long
 def test_save_load_through_a_gcs_bucket(gcs_bucket):
     z, y = overconfident(200, 3, seed=0)
     cal = posthoc.fit("pts", z, y, steps=20)

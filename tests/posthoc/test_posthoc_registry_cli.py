@@ -167,6 +167,7 @@ def test_cli_end_to_end_table_json_and_overwrite_rule(files, capsys):
     assert (out / "calibrators" / "ts_ece_grid.npz").exists()
 
 
+@pytest.mark.long
 def test_cli_bad_inputs_fail_with_one_line_and_no_traceback(files, capsys):
     val, test = files / "val.npz", files / "test.npz"
     cases = {

@@ -46,6 +46,7 @@ def _temperature(cal):
     return float(cal.params["temperature"])
 
 
+@pytest.mark.long
 def test_nll_from_an_iterable_equals_the_in_memory_fit():
     x, y = _logits()
     cal = posthoc.fit_of_chunks("ts", _pairs(x, y), chunk_rows=ROWS, progress_bar=False)

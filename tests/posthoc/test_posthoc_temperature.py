@@ -59,6 +59,7 @@ def test_where_equals_slicing(small):
         np.testing.assert_allclose(masked, sliced, rtol=1e-5)
 
 
+@pytest.mark.long
 def test_vmap_over_seeds_matches_loop():
     # Same shape as the other tests' sets: the single fits reuse their compile.
     data = [overconfident(2000, 10, seed=s, scale=1.0 + s) for s in range(4)]
@@ -135,6 +136,7 @@ def test_sb_ece_reaches_a_local_minimum(small):
 @pytest.mark.parametrize(
     ("kind", "p", "sb_temperature"), [("lb", 2.0, 0.01), ("bin", 1.0, 0.003)]
 )
+@pytest.mark.long
 def test_sb_ece_objective_equals_loss_on_scaled_logits(small, kind, p, sb_temperature):
     # The fit evaluates SB-ECE from the blocked top-label confidences; value
     # and derivative in log T must be those of calib_jax.losses.sb_ece on

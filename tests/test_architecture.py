@@ -20,6 +20,7 @@ LAYERS = (
     "progress",
     "chunks",
     "logit_layout",
+    "sharding",
     "losses",
     "metrics",
     "models",

@@ -36,6 +36,12 @@ and (with ``check_finite``) NaN/inf scores.
 
 A progress bar over chunks (:func:`calib_jax.progress.bar`, on stderr)
 shows the rate and, for shards, the ETA.
+
+With ``prefetch`` (shard sources), a background thread reads the next
+chunks into memory while the consumer computes on the current one
+(:func:`prefetched`): at most ``prefetch`` chunks ahead, so memory stays
+bounded by ``prefetch + 1`` chunks; an error while reading reaches the
+consumer as the same ``ValueError``, at the chunk where it occurred.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import glob as _glob
 import io
 import math
 import os
+import threading
 import zipfile
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -305,6 +312,10 @@ class ChunkSource:
         does on the device, turns this off).
       progress_bar: show a bar over the chunks on stderr.
       desc: the bar's prefix.
+      prefetch: chunks of a shard source read ahead by a background thread
+        (:func:`prefetched`), each read into memory (a copy, not a memory
+        map); 0: none, the chunks read as the consumer asks for them. An
+        iterable's items are always taken in the consumer's thread.
 
     Attributes:
       num_classes: ``K`` (None for an iterable until its first chunk).
@@ -327,6 +338,7 @@ class ChunkSource:
         check_finite: bool = True,
         progress_bar: bool = True,
         desc: str = "chunks",
+        prefetch: int = 0,
     ):
         if isinstance(chunk_rows, bool) or not isinstance(
             chunk_rows, (int, np.integer)
@@ -335,12 +347,17 @@ class ChunkSource:
             raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows!r}.")  # noqa: TRY004
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be a positive int, got {chunk_rows}.")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)):
+            raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}.")  # noqa: TRY004
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be an int >= 0, got {prefetch}.")
         if key is not None and key not in KEYS:
             raise ValueError(f"key must be one of {KEYS} or None, got {key!r}.")
         self.chunk_rows = int(chunk_rows)
         self.check_finite = bool(check_finite)
         self.progress_bar = bool(progress_bar)
         self.desc = desc
+        self.prefetch = int(prefetch)
         self.key = None
         self.num_classes = self.dtype = self.num_rows = None
         self._shards: list[_Shard] | None = None
@@ -397,8 +414,11 @@ class ChunkSource:
         bar = progress.bar(
             self.num_chunks, desc=self.desc, unit="chunk", enabled=self.progress_bar
         )
+        blocks = self._blocks(pieces)
+        if self.prefetch and self._shards is not None:
+            blocks = prefetched(map(_in_memory, blocks), self.prefetch)
         with bar:
-            for chunk in self._blocks(pieces):
+            for chunk in blocks:
                 yield chunk
                 bar.update(1)
 
@@ -520,6 +540,80 @@ class ChunkSource:
             x = np.concatenate([p[0] for p in parts])
             labels = np.concatenate([p[1] for p in parts])
         return Chunk(x, labels, index, tuple(spans))
+
+
+def _in_memory(chunk: Chunk) -> Chunk:
+    """``chunk`` with its arrays read into memory (a memory map's pages are
+    read here, in the prefetching thread, not where the consumer touches
+    them)."""
+    x, labels = chunk.x, chunk.labels
+    return chunk._replace(
+        x=np.array(x) if isinstance(x, np.memmap) else x,
+        labels=np.array(labels) if isinstance(labels, np.memmap) else labels,
+    )
+
+
+def prefetched(items: Iterable, depth: int) -> Iterator:
+    """The items of ``items`` in order, produced by a background thread at
+    most ``depth`` items ahead of the consumer.
+
+    While the consumer holds item ``i``, the thread has produced at most
+    items ``i + 1 .. i + depth`` (it takes a slot before producing an item,
+    and a slot frees when the consumer takes the next one). An exception
+    raised by ``items`` in the thread is raised to the consumer, as is, in
+    place of the item it failed to produce (after every item before it).
+    Closing the generator early stops the thread (after the item it is
+    producing). ``depth < 1``: ``items`` itself, no thread.
+    """
+    if depth < 1:
+        yield from items
+        return
+    slots = threading.Semaphore(depth)
+    ready: list = []  # (item, error), in order
+    filled = threading.Condition()
+    stop = threading.Event()
+    done = object()
+
+    def put(entry) -> None:
+        with filled:
+            ready.append(entry)
+            filled.notify()
+
+    def produce() -> None:
+        try:
+            iterator = iter(items)
+            while True:
+                while not slots.acquire(timeout=0.05):
+                    if stop.is_set():
+                        return
+                if stop.is_set():
+                    return
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    put((done, None))
+                    return
+                put((item, None))
+        except BaseException as err:  # raised to the consumer
+            put((done, err))
+
+    thread = threading.Thread(target=produce, name="calib_jax-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            with filled:
+                while not ready:
+                    filled.wait()
+                item, error = ready.pop(0)
+            if error is not None:
+                raise error
+            if item is done:
+                return
+            slots.release()
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 def padded(chunk: Chunk, rows: int):

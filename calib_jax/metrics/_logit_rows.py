@@ -125,3 +125,40 @@ def brier_rows(logits, labels):
 
 def finite_rows(logits, labels):
     return jnp.all(jnp.isfinite(logits), axis=1)
+
+
+def _fused(logits, labels):
+    z = _common.as_float(logits)
+    k = lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    y = labels[:, None]
+    m = jnp.max(z, axis=1)
+    e = jnp.exp(z - m[:, None])
+    s = jnp.sum(e, axis=1)
+    sq = jnp.sum(e * e, axis=1)
+    z_y = jnp.sum(jnp.where(k == y, z, 0.0), axis=1)
+    before = jnp.max(jnp.where(k < y, z, -jnp.inf), axis=1)
+    finite = jnp.all(jnp.isfinite(z), axis=1)
+    return m, s, sq, z_y, before, finite
+
+
+def fused_rows(logits, labels):
+    r"""Every per-row quantity of the streamed summary from one pass over
+    the logits: one row maximum :math:`m`, one exponential per logit.
+
+    Returns ``(conf, correct, log_p, brier, finite)``, ``[N]`` each:
+    the top-label confidence :math:`1/s` and correctness of
+    :func:`calib_jax.metrics._inputs.rows_from_logits` (the same ``m``,
+    ``s``, ``z_y`` and ``before`` reductions, so the same bits), the label's
+    log-probability :math:`(z_y - m) - \log s` (as :func:`label_log_prob`),
+    the Brier score :math:`\sum_k e^{2(z_k - m)} / s^2 - 2 p_y + 1` with
+    :math:`p_y = e^{(z_y - m) - \log s}` (as :func:`brier_rows` up to float32
+    rounding) and whether every logit of the row is finite. Over blocks of
+    rows on the CPU, where the three separate passes would each take their
+    own row maximum and exponentials.
+    """
+    m, s, sq, z_y, before, finite = by_row_blocks(
+        _fused, logits, labels.astype(jnp.int32)
+    )
+    log_p = (z_y - m) - jnp.log(s)
+    brier = sq / (s * s) - 2.0 * jnp.exp(log_p) + 1.0
+    return 1.0 / s, (z_y == m) & (before < m), log_p, brier, finite

@@ -37,6 +37,7 @@ on the host), so they equal the in-memory values to float32 rounding
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Sequence
 
@@ -54,6 +55,12 @@ from calib_jax.metrics import (
     _summary,
     _validate,
 )
+
+# Chunks read ahead by the source's background thread, and chunk steps the
+# device may run at once (the host waits for the oldest before it starts
+# another): memory stays bounded by a few chunks.
+PREFETCH = 2
+IN_FLIGHT = 2
 
 # The summary keys computed from the collected (confidence, correct) rows.
 ROW_METRICS = ("accuracy", "ece", "ece_l2_em", "adaptive_ece", "ks_error", "aurc")
@@ -92,15 +99,14 @@ def chunk_step(stats, x, labels, valid, num_bins, convention, from_logits, class
     """
     dtype = x.dtype
     if from_logits:
-        # Row reductions of the logits, as every metric's from_logits=True;
-        # the softmax only for the class-wise bins.
-        z = _common.as_float(x)
-        bad = valid & ~jnp.all(jnp.isfinite(z), axis=1)
-        conf, correct = _inputs.rows_from_logits(x, labels)
-        nll, brier = (
-            -_logit_rows.label_log_prob(x, labels),
-            _logit_rows.brier_rows(x, labels),
-        )
+        # One fused pass of row reductions (one row maximum, one exponential
+        # per logit); the confidence and correctness are the bits of every
+        # metric's from_logits=True (_inputs.rows_from_logits), the NLL and
+        # Brier rows theirs to float32 rounding. The softmax only for the
+        # class-wise bins.
+        conf, correct, log_p, brier, finite = _logit_rows.fused_rows(x, labels)
+        bad = valid & ~finite
+        nll = -log_p
         probs = _inputs.softmax(x) if classwise else None
     else:
         # The metrics' value screen (``_validate.probs_summary``), per row, from
@@ -251,10 +257,12 @@ def summary_of_chunks(
         check_finite=False,  # checked on the device, in chunk_step
         progress_bar=progress_bar,
         desc="summary",
+        prefetch=PREFETCH,
     )
     classwise = "classwise_ece" in names
     state = _State()
-    rows = stats = pending = None
+    rows = stats = None
+    pending = collections.deque()
     for chunk in source:
         if rows is None:
             rows, k = chunk.x.shape
@@ -268,17 +276,19 @@ def summary_of_chunks(
                     m, convention=convention, num_classes=k
                 )
         x, labels, valid = chunks.padded(chunk, rows)
-        # The previous chunk's results: the device computed them while the
-        # host produced this chunk. Waiting for them before the next step keeps
-        # one step in flight (its temporaries, a few [rows, K] float32
-        # arrays, are the memory bound) and the host from reading ahead.
-        if pending is not None:
-            state.add(*pending)
+        # The oldest step's results, once IN_FLIGHT steps are dispatched: the
+        # device computed them while the host read this chunk (and the source's
+        # thread the next ones). Waiting for them keeps at most IN_FLIGHT steps
+        # and their chunks in flight (the memory bound: their chunks and
+        # temporaries) while two steps can use two cores.
+        if len(pending) == IN_FLIGHT:
+            state.add(*pending.popleft())
         stats, *out = chunk_step(
             stats, x, labels, valid, m, convention, bool(from_logits), classwise
         )
-        pending = (chunk, x, valid, out, bool(from_logits))
-    state.add(*pending)
+        pending.append((chunk, x, valid, out, bool(from_logits)))
+    while pending:
+        state.add(*pending.popleft())
     return state.values(names, m, stats)
 
 

@@ -31,6 +31,15 @@ labels are traced and cannot be checked: ``'error'`` then behaves as
 over rows, so (as the marginal :math:`\hat q`) it has no mergeable form:
 the calibration scores are needed in one call.
 
+With the class axis sharded over devices, THR's sets (``1 - p <= q_y``,
+elementwise on the softmax) work per shard. APS's and RAPS's need the score
+of *every* class, i.e. each class's rank and the mass ranked before it among
+all ``K`` classes: with one threshold per class the set is no longer a prefix
+of the ranking, so the marginal predictor's bisection (one threshold per row)
+does not apply, and the ranks of all classes of a row are a merge of the
+shards' values, not a reduction of ``O(N)`` partials. Those sets keep the
+row sort (XLA gathers the rows' classes to sort them).
+
 References:
   [1] V. Vovk, A. Gammerman and G. Shafer, "Algorithmic Learning in a Random
   World", Springer 2005 (Mondrian conformal predictors); V. Vovk,
@@ -59,7 +68,7 @@ from jax import lax
 
 from calib_jax import _checks
 from calib_jax.conformal import _scores
-from calib_jax.conformal._predictor import ConformalPredictor
+from calib_jax.conformal._predictor import ConformalPredictor, check_class_sharded
 
 ABSENT = ("error", "marginal", "full")
 
@@ -223,8 +232,24 @@ class MondrianPredictor(ConformalPredictor):
     class_counts: jax.Array | None = None
     absent: str = struct.field(pytree_node=False, default="error")
 
+    def _row_sums(self, logits, class_sharded) -> bool:
+        """Always the sorted form: a Mondrian APS/RAPS set needs every
+        class's score (see the module docstring); THR's is elementwise."""
+        check_class_sharded(class_sharded)
+        if class_sharded and self.method != "thr":
+            raise ValueError(
+                f"class_sharded=True: a Mondrian {self.method!r} predictor has "
+                "no row-sum form (one threshold per class needs the score of "
+                "every class, a sort of each row); expected None or False."
+            )
+        return False
+
     def predict_sets(
-        self, logits: jax.typing.ArrayLike, key: jax.Array | None = None
+        self,
+        logits: jax.typing.ArrayLike,
+        key: jax.Array | None = None,
+        *,
+        class_sharded: bool | None = None,
     ) -> jax.Array:
         """Class-conditional prediction sets of the rows of ``logits``.
 
@@ -232,12 +257,16 @@ class MondrianPredictor(ConformalPredictor):
           logits: float ``[N, K]`` logits (the same kind as at fit).
           key: PRNG key of the per-row uniforms; required when
             ``randomized``, ignored otherwise.
+          class_sharded: None or False; True raises for APS and RAPS, which
+            have no row-sum Mondrian form (see the module docstring). THR's
+            sets are elementwise and work per class shard as they are.
 
         Returns:
           bool ``[N, K]``; class ``y`` is in row ``i``'s set when its
           conformity score is at most ``qhat[y]``.
         """
         logits = self._check(logits, key)
+        self._row_sums(logits, class_sharded)
         u = _uniforms(key, logits.shape[0]) if self.randomized else None
         return _sets_core(
             self.method,

@@ -4,6 +4,12 @@ A predictor holds the calibrated threshold :math:`\hat q` and the score's
 options; ``predict_sets(logits, key=None)`` gives boolean ``[N, K]`` sets.
 Fitting and prediction are jitted and vmap over calibration splits (the
 threshold is a leaf; the method's options are static).
+
+With logits whose class axis is split over devices (``jax.Array`` placed
+e.g. by :func:`calib_jax.sharding.shard_classes`), ``predict_sets`` and
+``scores`` of APS and RAPS take the row-sum form of
+:mod:`calib_jax.conformal._by_reduction` (no sort, so no gather of
+``[N, K]``); other inputs keep the sorted form, bit for bit as before.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from calib_jax.conformal import _scores
+from calib_jax import sharding
+from calib_jax.conformal import _by_reduction, _scores
 
 
 def _probs(logits: jax.Array) -> jax.Array:
@@ -27,19 +34,30 @@ def uniforms(key, n: int, dtype):
     return None if key is None else jax.random.uniform(key, (n,), dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("method", "k_reg"))
-def scores_core(method, logits, labels, u, lam, *, k_reg):
+@functools.partial(jax.jit, static_argnames=("method", "k_reg", "class_sharded"))
+def scores_core(method, logits, labels, u, lam, *, k_reg, class_sharded=False):
+    """The labels' conformity scores; ``class_sharded`` (static): APS/RAPS
+    by row sums (``_by_reduction.raps_score``) instead of the row sort."""
     probs = _probs(logits)
     if method == "thr":
         return _scores.thr_score(probs, labels)
+    if class_sharded:
+        return _by_reduction.raps_score(probs, labels, u, lam, k_reg=k_reg)
     return _scores.raps_score_core(probs, labels, u, lam, k_reg=k_reg)
 
 
-@functools.partial(jax.jit, static_argnames=("method", "k_reg", "allow_empty"))
-def _sets_core(method, logits, qhat, u, lam, *, k_reg, allow_empty):
+@functools.partial(
+    jax.jit, static_argnames=("method", "k_reg", "allow_empty", "class_sharded")
+)
+def _sets_core(method, logits, qhat, u, lam, *, k_reg, allow_empty, class_sharded):
     probs = _probs(logits)
     if method == "thr":
         sets = _scores.thr_sets(probs, qhat)
+    elif class_sharded:
+        # The sets of the row-sum scores: a bisection over each row's ranking
+        # key with row reductions only (label in set exactly when its
+        # row-sum score is at most qhat).
+        sets = _by_reduction.raps_sets(probs, qhat, u, lam, k_reg=k_reg)
     else:
         sets = _scores.raps_sets_core(probs, qhat, u, lam, k_reg=k_reg)
     if not allow_empty:
@@ -48,6 +66,22 @@ def _sets_core(method, logits, qhat, u, lam, *, k_reg, allow_empty):
         empty = ~jnp.any(sets, axis=-1, keepdims=True)
         sets = sets | (top & empty)
     return sets
+
+
+@jax.jit
+def _nonfinite_rows(logits):
+    """The number of rows with NaN/inf and the first such row (two scalars:
+    a row reduction that stays on each device's classes)."""
+    bad = ~jnp.all(jnp.isfinite(logits), axis=1)
+    return jnp.sum(bad.astype(jnp.int32)), jnp.argmax(bad)
+
+
+def check_class_sharded(class_sharded) -> None:
+    if class_sharded is not None and not isinstance(class_sharded, bool):
+        raise ValueError(
+            f"class_sharded must be None (decided by the logits' placement), "
+            f"True or False, got {class_sharded!r}."
+        )
 
 
 @struct.dataclass
@@ -104,19 +138,48 @@ class ConformalPredictor:
                 f"this {self.method!r} predictor is randomised (fitted with a key): "
                 "predict_sets needs a PRNG key, e.g. key=jax.random.key(0)."
             )
-        if not isinstance(logits, jax.core.Tracer):
+        if isinstance(logits, jax.core.Tracer):
+            return logits
+        if len(logits.sharding.device_set) > 1:
+            # Spread over devices (maybe processes): reduce there, fetch two
+            # scalars, never the array.
+            count, first = (int(v) for v in _nonfinite_rows(logits))
+        else:
             bad = ~np.isfinite(np.asarray(logits)).all(axis=1)
-            if bad.any():
-                raise ValueError(
-                    f"logits contains NaN or inf in {int(bad.sum())} row(s) "
-                    f"(first: row {int(np.argmax(bad))})."
-                )
+            count, first = int(bad.sum()), int(np.argmax(bad))
+        if count:
+            raise ValueError(
+                f"logits contains NaN or inf in {count} row(s) (first: row {first})."
+            )
         return logits
 
+    def _row_sums(self, logits, class_sharded) -> bool:
+        """Whether APS/RAPS take the row-sum form: ``class_sharded``, or,
+        when it is None, whether ``logits``' class axis is split over
+        devices (:func:`calib_jax.sharding.is_class_sharded`)."""
+        check_class_sharded(class_sharded)
+        if self.method == "thr":
+            return False  # elementwise on the softmax: no sort to avoid
+        if class_sharded is None:
+            return sharding.is_class_sharded(logits)
+        return class_sharded
+
     def predict_sets(
-        self, logits: jax.typing.ArrayLike, key: jax.Array | None = None
+        self,
+        logits: jax.typing.ArrayLike,
+        key: jax.Array | None = None,
+        *,
+        class_sharded: bool | None = None,
     ) -> jax.Array:
         """Prediction sets of the rows of ``logits``.
+
+        APS and RAPS sets come from one sort per row, or, with the class
+        axis split over devices, from row sums: a per-row bisection over the
+        ranking key (``conformal.raps_sets(..., class_sharded=True)``), which
+        moves ``O(N)`` values between devices per step instead of gathering
+        ``[N, K]``. The two forms agree to float32 rounding (sets differ only
+        where a cumulative mass reaches 1.0, see docs/conformal.md); THR's
+        sets are elementwise and the same either way.
 
         Args:
           logits: float ``[N, K]`` logits (the same kind the predictor was
@@ -124,6 +187,11 @@ class ConformalPredictor:
             in float32.
           key: PRNG key of the per-row uniforms; required when
             ``randomized``, ignored otherwise.
+          class_sharded: ``None`` (default): the row-sum form exactly when
+            ``logits`` is a ``jax.Array`` whose class axis is split over
+            more than one device (:func:`calib_jax.sharding.is_class_sharded`;
+            under an outer ``jax.jit`` the placement is not visible, so the
+            sorted form); True or False forces one form.
 
         Returns:
           bool ``[N, K]``; ``True`` marks the classes in each row's set.
@@ -133,6 +201,7 @@ class ConformalPredictor:
             key for a randomised predictor.
         """
         logits = self._check(logits, key)
+        row_sums = self._row_sums(logits, class_sharded)
         u = uniforms(key, logits.shape[0], jnp.float32) if self.randomized else None
         return _sets_core(
             self.method,
@@ -142,6 +211,7 @@ class ConformalPredictor:
             self.lam,
             k_reg=self.k_reg,
             allow_empty=self.allow_empty,
+            class_sharded=row_sums,
         )
 
     def scores(
@@ -149,16 +219,29 @@ class ConformalPredictor:
         logits: jax.typing.ArrayLike,
         labels: jax.typing.ArrayLike,
         key: jax.Array | None = None,
+        *,
+        class_sharded: bool | None = None,
     ) -> jax.Array:
         """Conformity scores ``[N]`` of ``labels`` (the values ``qhat`` thresholds).
 
         ``labels[i] in predict_sets(logits, key)[i]`` exactly when
-        ``scores(logits, labels, key)[i] <= qhat`` (with ``allow_empty``).
+        ``scores(logits, labels, key)[i] <= qhat`` (with ``allow_empty``),
+        the two calls taking the same form (``class_sharded``, see
+        :meth:`predict_sets`).
         """
         logits = self._check(logits, key)
         labels = _scores.check_labels(labels, *logits.shape)
+        row_sums = self._row_sums(logits, class_sharded)
         u = uniforms(key, logits.shape[0], jnp.float32) if self.randomized else None
-        return scores_core(self.method, logits, labels, u, self.lam, k_reg=self.k_reg)
+        return scores_core(
+            self.method,
+            logits,
+            labels,
+            u,
+            self.lam,
+            k_reg=self.k_reg,
+            class_sharded=row_sums,
+        )
 
 
 def fit_predictor(

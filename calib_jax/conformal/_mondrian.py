@@ -38,7 +38,9 @@ all ``K`` classes: with one threshold per class the set is no longer a prefix
 of the ranking, so the marginal predictor's bisection (one threshold per row)
 does not apply, and the ranks of all classes of a row are a merge of the
 shards' values, not a reduction of ``O(N)`` partials. Those sets keep the
-row sort (XLA gathers the rows' classes to sort them).
+row sort (XLA gathers the rows' classes to sort them). The fit needs only the
+labels' scores: on class-sharded calibration logits it takes their row-sum
+form.
 
 References:
   [1] V. Vovk, A. Gammerman and G. Shafer, "Algorithmic Learning in a Random
@@ -66,8 +68,8 @@ import numpy as np
 from flax import struct
 from jax import lax
 
-from calib_jax import _checks
-from calib_jax.conformal import _scores
+from calib_jax import _checks, sharding
+from calib_jax.conformal import _by_reduction, _scores
 from calib_jax.conformal._predictor import ConformalPredictor, check_class_sharded
 
 ABSENT = ("error", "marginal", "full")
@@ -151,12 +153,15 @@ def _uniforms(key, n: int):
     return jax.random.uniform(key, (n,), jnp.float32)
 
 
-@functools.partial(jax.jit, static_argnames=("method", "k_reg"))
-def label_scores(method, logits, labels, u, lam, *, k_reg):
-    """Conformity scores of the labels, as the marginal predictor's fit."""
+@functools.partial(jax.jit, static_argnames=("method", "k_reg", "class_sharded"))
+def label_scores(method, logits, labels, u, lam, *, k_reg, class_sharded=False):
+    """Conformity scores of the labels, as the marginal predictor's fit
+    (``class_sharded``: APS/RAPS by row sums, no row sort)."""
     probs = _probs(logits)
     if method == "thr":
         return _scores.thr_score(probs, labels)
+    if class_sharded:
+        return _by_reduction.raps_score(probs, labels, u, lam, k_reg=k_reg)
     return _scores.raps_score_core(probs, labels, u, lam, k_reg=k_reg)
 
 
@@ -301,7 +306,12 @@ def fit_mondrian(
     randomized = key is not None and method != "thr"
     u = _uniforms(key, n) if randomized else None
     lam = jnp.asarray(lam, jnp.float32)
-    scores = label_scores(method, logits, labels, u, lam, k_reg=k_reg)
+    # Class-sharded calibration logits: the labels' row-sum scores (the
+    # fit needs no class's score but the label's).
+    row_sums = method != "thr" and sharding.is_class_sharded(logits)
+    scores = label_scores(
+        method, logits, labels, u, lam, k_reg=k_reg, class_sharded=row_sums
+    )
     return mondrian_of_scores(
         method,
         scores,

@@ -7,9 +7,10 @@ threshold is a leaf; the method's options are static).
 
 With logits whose class axis is split over devices (``jax.Array`` placed
 e.g. by :func:`calib_jax.sharding.shard_classes`), ``predict_sets`` and
-``scores`` of APS and RAPS take the row-sum form of
-:mod:`calib_jax.conformal._by_reduction` (no sort, so no gather of
-``[N, K]``); other inputs keep the sorted form, bit for bit as before.
+``scores`` of APS and RAPS, and the fit on such calibration logits, take
+the row-sum form of :mod:`calib_jax.conformal._by_reduction` (no sort, so
+no gather of ``[N, K]``); other inputs keep the sorted form, bit for bit as
+before.
 """
 
 from __future__ import annotations
@@ -261,7 +262,11 @@ def fit_predictor(
     randomized = key is not None and method != "thr"
     u = uniforms(key, n, jnp.float32) if randomized else None
     lam = jnp.asarray(lam, jnp.float32)
-    scores = scores_core(method, logits, labels, u, lam, k_reg=k_reg)
+    # Class-sharded calibration logits: the row-sum scores (no row sort).
+    row_sums = method != "thr" and sharding.is_class_sharded(logits)
+    scores = scores_core(
+        method, logits, labels, u, lam, k_reg=k_reg, class_sharded=row_sums
+    )
     return predictor_of_scores(
         method,
         scores,

@@ -129,6 +129,43 @@ def test_sets_of_class_sharded_logits_equal_one_device_and_move_no_block(
         # sees what the row sums avoid.
         sorted_form = collectives(_lowered_sets(pred, zs, key, False).as_text())
         assert max(m for _, m in sorted_form) >= n * K // 8, name
+    # Fitted on the class-sharded calibration rows: the row-sum scores, the
+    # same threshold to 1e-6, and the scoring program moves O(N) values.
+    z_all, y_all, _ = _case()
+    zc, yc = shard_classes(
+        z_all[: N // 2], y_all[: N // 2], mesh=mesh, data_axis=data_axis
+    )
+    for name in ("aps", "raps"):
+        pred = fits[name]
+        kw = {"lam": LAM, "k_reg": K_REG} if name == "raps" else {}
+        key_fit = jax.random.key(3) if pred.randomized else None
+        for mondrian in (False, True):
+            extra = {"mondrian": True, "absent": "full"} if mondrian else {}
+            on_shards = conformal.fit(
+                name, zc, yc, alpha=ALPHA, key=key_fit, **kw, **extra
+            )
+            on_one = conformal.fit(
+                name,
+                z_all[: N // 2],
+                y_all[: N // 2],
+                alpha=ALPHA,
+                key=key_fit,
+                **kw,
+                **extra,
+            )
+            np.testing.assert_allclose(
+                on_shards.qhat, on_one.qhat, rtol=1e-6, atol=1e-7
+            )
+        u = (
+            _predictor.uniforms(key_fit, N // 2, jnp.float32)
+            if key_fit is not None
+            else None
+        )
+        program = _predictor.scores_core.lower(
+            name, zc, yc, u, pred.lam, k_reg=pred.k_reg, class_sharded=True
+        ).compile()
+        too_big = [(op, m) for op, m in collectives(program.as_text()) if m > 4 * n]
+        assert not too_big, (name, too_big)
     # Mondrian THR: elementwise sets (1 - p <= qhat[class]), per shard as
     # they are; the same sets but within rounding of a class's threshold.
     mondrian = conformal.fit(

@@ -9,6 +9,7 @@ tests/posthoc/test_posthoc_registry_cli.py (fit and CLI on bad arrays, keys),
 tests/train/test_cli.py (config typos, unknown names, batch divisibility),
 tests/train/test_multihost.py (distributed settings),
 tests/evaluate/test_evaluate_run.py (evaluate: what a workdir lacks, --out).
+tests/test_sharding.py (sharding.shard_classes: every shape against the mesh).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import jax
 import numpy as np
 import pytest
 
-from calib_jax import losses, metrics, posthoc
+from calib_jax import losses, metrics, posthoc, sharding
 from calib_jax.posthoc import _cli as posthoc_cli
 from calib_jax.train import setup
 from configs import digits_ce
@@ -1098,3 +1099,41 @@ def test_histogram_binning_bad_thresholds_is_one_line():
             LOGITS, LABELS, binning="equal_width", thresholds="midpoint"
         )
     assert "needs binning='equal_mass'" in _one_line(err.value)
+
+
+# Issue 23's bad input: a mesh whose class axis does not divide K (and one
+# whose data axis does not divide N) is one line naming the argument, the mesh
+# axis, its size and what was expected, before anything is placed; JAX's own
+# error would come from jax.device_put.
+SHARD_CASES = {
+    "k": (
+        (LOGITS[:, :3], LABELS),
+        {},
+        "x has K = 3 classes, not divisible by the 2 devices of mesh axis "
+        "'vocab' (class_axis): expected K a multiple of 2; the classes are not "
+        "padded (a padded class would enter the class-wise statistics), so "
+        "choose a mesh axis whose size divides K.",
+    ),
+    "n": (
+        (LOGITS[:15], LABELS[:15]),
+        {"data_axis": "data"},
+        "x has N = 15 rows, not divisible by the 4 devices of mesh axis 'data' "
+        "(data_axis): expected N a multiple of 4; the rows are not padded (pad "
+        "them and mask the padding with where=, or use data_axis=None).",
+    ),
+    "axis": (
+        (LOGITS, LABELS),
+        {"class_axis": "classes"},
+        "class_axis='classes' is not an axis of the mesh; expected one of its "
+        "axis names ('data', 'vocab').",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHARD_CASES))
+def test_shard_classes_mesh_mismatch_is_one_line(case):
+    args, kw, message = SHARD_CASES[case]
+    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "vocab"))
+    with pytest.raises(ValueError) as err:
+        sharding.shard_classes(*args, mesh=mesh, **kw)
+    assert _one_line(err.value) == message

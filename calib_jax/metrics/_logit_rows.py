@@ -135,10 +135,14 @@ def _fused(logits, labels):
     e = jnp.exp(z - m[:, None])
     s = jnp.sum(e, axis=1)
     sq = jnp.sum(e * e, axis=1)
-    z_y = jnp.sum(jnp.where(k == y, z, 0.0), axis=1)
+    # The label's logit itself (the one nonzero term of _reductions' sum).
+    z_y = jnp.take_along_axis(z, y, axis=1)[:, 0]
     before = jnp.max(jnp.where(k < y, z, -jnp.inf), axis=1)
-    finite = jnp.all(jnp.isfinite(z), axis=1)
-    return m, s, sq, z_y, before, finite
+    # 0 * z is NaN for NaN and +-inf only: the row sum is 0 iff every logit
+    # is finite (one multiply-add in this loop; isfinite costs a loop of its
+    # own on XLA:CPU).
+    zeros = jnp.sum(z * 0.0, axis=1)
+    return m, s, sq, z_y, before, zeros == 0.0
 
 
 def fused_rows(logits, labels):
@@ -154,7 +158,12 @@ def fused_rows(logits, labels):
     :math:`p_y = e^{(z_y - m) - \log s}` (as :func:`brier_rows` up to float32
     rounding) and whether every logit of the row is finite. Over blocks of
     rows on the CPU, where the three separate passes would each take their
-    own row maximum and exponentials.
+    own row maximum and exponentials (measured on a bf16 ``[1024, 50257]``
+    chunk: 6.5 CPU ns per logit here against 17.4 for the top-label rows,
+    NLL, Brier and finiteness passes). The confidence's own reductions stay
+    separate sums: one variadic reduction of every sum would add in another
+    order (other bits of :math:`1/s`) and XLA:CPU does not vectorise it
+    (14.9 ns per logit).
     """
     m, s, sq, z_y, before, finite = by_row_blocks(
         _fused, logits, labels.astype(jnp.int32)

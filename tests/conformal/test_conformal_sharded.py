@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 from calib_jax import conformal
 from calib_jax.conformal import _scores
 from calib_jax.posthoc import _temperature
+from calib_jax.sharding import shard_classes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "metrics"))
 from test_vocab_sharded import collectives  # noqa: E402
@@ -107,8 +108,9 @@ def test_class_sharded_equals_one_device(one_device, mesh_name):
     z, y, u = _case()
     shape, spec = MESHES[mesh_name]
     mesh = Mesh(np.array(jax.devices()).reshape(shape), ("data", "vocab"))
-    zs = jax.device_put(z, NamedSharding(mesh, spec))
-    ys, us = (jax.device_put(a, NamedSharding(mesh, P(spec[0]))) for a in (y, u))
+    zs, ys = shard_classes(z, y, mesh=mesh, data_axis=spec[0])
+    assert zs.sharding.spec == spec
+    us = jax.device_put(u, NamedSharding(mesh, P(spec[0])))
     q = jax.tree.map(jnp.float32, _thresholds())
     compiled = _jitted.lower(zs, ys, us, q).compile()
     got = jax.tree.map(np.asarray, compiled(zs, ys, us, q))

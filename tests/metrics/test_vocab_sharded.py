@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from calib_jax import metrics
 from calib_jax.metrics import _common, _conventions, _cpu_kernels
+from calib_jax.sharding import shard_classes
 
 N, K = 1024, 512
 BINS = 15
@@ -106,9 +107,7 @@ def _sharded(case, mesh_name):
     probs, labels = case
     shape, spec = MESHES[mesh_name]
     mesh = Mesh(np.array(jax.devices()).reshape(shape), ("data", "vocab"))
-    p = jax.device_put(probs, NamedSharding(mesh, spec))
-    y = jax.device_put(labels, NamedSharding(mesh, P(spec[0])))
-    return p, y
+    return shard_classes(probs, labels, mesh=mesh, data_axis=spec[0])
 
 
 def collectives(hlo: str) -> list[tuple[str, int]]:

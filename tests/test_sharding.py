@@ -5,6 +5,13 @@ divide, checked before anything is placed."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import ml_dtypes
 import numpy as np
@@ -13,6 +20,11 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from calib_jax.sharding import is_class_sharded, shard_classes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _sharding_worker as worker  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 N, K = 24, 40
 RNG = np.random.default_rng(7)
@@ -118,3 +130,66 @@ def test_bad_shapes_are_one_line_before_anything_is_placed(case):
         call()
     text = str(err.value)
     assert "\n" not in text and message in text, text
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.long
+def test_two_processes_fill_their_own_devices_from_the_same_host_array(tmp_path):
+    """2 CPU processes of 2 devices each: the class axis across both
+    processes (1 x 4) and the rows across them (2 x 2). Each process holds
+    the full host array, and its devices get exactly their blocks; the NLL
+    of the placed logits equals the float64 reference, a RAPS predictor's
+    sets equal one device's sorted sets off a 1e-6 band around qhat, and a
+    class axis that does not divide K is the same one line on both."""
+    port = _free_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("XLA_FLAGS", None)
+    script = str(ROOT / "tests" / "_sharding_worker.py")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, str(i), str(port), str(tmp_path)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    out = []
+    try:
+        for proc in procs:
+            _, stderr = proc.communicate(timeout=600)
+            out.append((proc.returncode, stderr))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for code, stderr in out:
+        assert code == 0, stderr[-3000:]
+    z, y = worker.case()
+    z64 = z.astype(np.float64)
+    m = z64.max(1)
+    lse = m + np.log(np.exp(z64 - m[:, None]).sum(1))
+    want_nll = float(np.mean(lse - z64[np.arange(worker.N), y]))
+    reports = [
+        json.loads((tmp_path / f"process-{i}.json").read_text()) for i in range(2)
+    ]
+    for report in reports:
+        for name, r in report.items():
+            assert r["processes"] == [0, 1], name
+            assert r["local_shards"] == 2 and r["blocks"], name
+            np.testing.assert_allclose(r["nll"], want_nll, rtol=1e-6)
+            assert r["mismatch_off_band"] == 0, (name, r)
+            assert 1 < r["size"] < worker.K, (name, r)
+            assert r["error"].startswith(
+                "x has K = 31 classes, not divisible by the "
+            ), r["error"]
+    assert reports[0] == reports[1]

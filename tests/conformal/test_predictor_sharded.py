@@ -202,17 +202,27 @@ def test_unsharded_logits_keep_the_sorted_form_bit_for_bit():
     """Auto on one device is the sorted form, bit for bit; the row sums,
     forced, give the same sets on these held-out rows."""
     z, y = _small_case()
-    pred = conformal.fit("raps", z[:48], y[:48], alpha=0.2, lam=LAM, k_reg=K_REG)
-    z, y = z[48:], y[48:]
+    # A RAPS threshold amid the scores of these rows (none within 1e-3).
+    pred = conformal.ConformalPredictor(
+        qhat=jnp.float32(0.95),
+        lam=jnp.float32(LAM),
+        method="raps",
+        k_reg=K_REG,
+        num_classes=8,
+    )
     sets, scores = jax.jit(_sorted_program)(z, y, pred.qhat, pred.lam)
     np.testing.assert_array_equal(pred.predict_sets(z), sets)
     np.testing.assert_array_equal(pred.scores(z, y), scores)
+    assert 0 < np.asarray(sets).sum(1).mean() < 8
+    assert np.min(np.abs(np.asarray(scores) - 0.95)) > 1e-3
     np.testing.assert_array_equal(pred.predict_sets(z, class_sharded=True), sets)
 
 
 def test_class_sharded_option_errors_are_one_line():
-    z, y = _small_case()
-    pred = conformal.fit("aps", z, y, alpha=0.2, mondrian=True, absent="full")
+    z, _ = _small_case()
+    pred = conformal.MondrianPredictor(
+        qhat=jnp.full((8,), 0.9), lam=jnp.float32(0), method="aps", num_classes=8
+    )
     with pytest.raises(ValueError) as err:
         pred.predict_sets(z, class_sharded=True)
     assert str(err.value) == (
@@ -220,7 +230,9 @@ def test_class_sharded_option_errors_are_one_line():
         "(one threshold per class needs the score of every class, a sort of "
         "each row); expected None or False."
     )
-    marginal = conformal.fit("aps", z, y, alpha=0.2)
+    marginal = conformal.ConformalPredictor(
+        qhat=jnp.float32(0.9), lam=jnp.float32(0), method="aps", num_classes=8
+    )
     with pytest.raises(ValueError) as err:
         marginal.predict_sets(z, class_sharded="yes")
     assert str(err.value) == (

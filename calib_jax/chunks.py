@@ -542,13 +542,24 @@ class ChunkSource:
         return Chunk(x, labels, index, tuple(spans))
 
 
+def _aligned_copy(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` at a 64-byte-aligned address: JAX on the CPU takes
+    such an array as a device buffer without copying it again (measured:
+    1.5 CPU ns per bf16 entry for an unaligned one)."""
+    buffer = np.empty(a.nbytes + 64, np.uint8)
+    start = -buffer.ctypes.data % 64
+    out = buffer[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
+    np.copyto(out, a)
+    return out
+
+
 def _in_memory(chunk: Chunk) -> Chunk:
     """``chunk`` with its arrays read into memory (a memory map's pages are
     read here, in the prefetching thread, not where the consumer touches
     them)."""
     x, labels = chunk.x, chunk.labels
     return chunk._replace(
-        x=np.array(x) if isinstance(x, np.memmap) else x,
+        x=_aligned_copy(x) if isinstance(x, np.memmap) else x,
         labels=np.array(labels) if isinstance(labels, np.memmap) else labels,
     )
 

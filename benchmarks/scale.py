@@ -714,7 +714,7 @@ def cpu_section(r: dict) -> str:
         bound_line = (
             f"The 0.5 target needs the pass's {streamed['cpu']:.1f} CPU s within "
             f"{2 * read['seconds']:.1f} s, {need:.2f} cores on average (the "
-            "reading thread and two steps in flight can use two); it got "
+            "reading thread and two steps in flight let it use up to two); it got "
             f"{cores:.2f} at a load average of {load_start:.1f} to {load_end:.1f} "
             f"on the {r['cpu_count']} cores: the other jobs' share of the cores."
         )

@@ -11,10 +11,17 @@ chunk plus ``O(N)`` per-row scalars:
   (:class:`~calib_jax.metrics.BinnedStats` with ``classwise=True``, added on
   the device), the sums of the per-row NLL and Brier score, and the per-row
   top-label confidence and correctness (:class:`~calib_jax.metrics.TopLabelRows`,
-  5 bytes a row). Logits (``from_logits=True``) go through the row
-  reductions of every metric's ``from_logits=True`` (``_inputs``: the
-  confidence ``1/s``, the label's log-probability, the Brier row sums), and
-  through a softmax of the chunk only for the class-wise bins;
+  5 bytes a row). Logits (``from_logits=True``) go through one fused pass
+  of row reductions (:func:`_logit_rows.fused_rows`: one row maximum and
+  one exponential per logit for the confidence ``1/s``, the correctness,
+  the label's log-probability, the Brier row and the finiteness; the
+  confidence and correctness from the very reductions of every metric's
+  ``from_logits=True``, so the same bits), and through a softmax of the
+  chunk only for the class-wise bins;
+- shard chunks are read into memory by a background thread, ``PREFETCH``
+  chunks ahead (:func:`calib_jax.chunks.prefetched`), and ``IN_FLIGHT``
+  chunk steps are dispatched before the host waits for the oldest one's
+  results: the read, the host's work and two steps overlap (two cores);
 - the top-label metrics (``accuracy``, ``ece``, ``ece_l2_em``,
   ``adaptive_ece``, ``ks_error``, ``aurc``) are then computed once from the
   ``N`` collected ``(confidence, correct)`` rows (STYLE.md: sort-based
@@ -199,9 +206,10 @@ def summary_of_chunks(
 ) -> dict[str, jax.Array]:
     r""":func:`calib_jax.metrics.summary` of scores that arrive in chunks.
 
-    The same dict, over every row of every chunk, with memory bounded by one
-    chunk (``chunk_rows`` rows of ``K`` classes, twice while the next one is
-    read) plus 5 bytes per row. The metrics and their conventions are those
+    The same dict, over every row of every chunk, with memory bounded by a
+    few chunks (``chunk_rows`` rows of ``K`` classes: two read ahead by a
+    background thread from shards, the current one and two whose steps are
+    in flight) plus 5 bytes per row. The metrics and their conventions are those
     of :data:`~calib_jax.metrics.SUMMARY_METRICS` (see
     :func:`~calib_jax.metrics.summary` for the equations and references):
     ``accuracy``, ``ece``, ``ece_l2_em``, ``adaptive_ece``, ``ks_error`` and

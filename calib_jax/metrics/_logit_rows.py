@@ -142,7 +142,11 @@ def _fused(logits, labels):
     # is finite (one multiply-add in this loop; isfinite costs a loop of its
     # own on XLA:CPU).
     zeros = jnp.sum(z * 0.0, axis=1)
-    return m, s, sq, z_y, before, zeros == 0.0
+    # _brier's row, its label term exp(z_y - m) of the label's logit (the
+    # one nonzero term of _brier's sum).
+    e_y = jnp.exp(z_y - m)
+    brier = sq / (s * s) - 2.0 * (e_y / s) + 1.0
+    return m, s, z_y, before, brier, zeros == 0.0
 
 
 def fused_rows(logits, labels):
@@ -154,9 +158,12 @@ def fused_rows(logits, labels):
     :func:`calib_jax.metrics._inputs.rows_from_logits` (the same ``m``,
     ``s``, ``z_y`` and ``before`` reductions, so the same bits), the label's
     log-probability :math:`(z_y - m) - \log s` (as :func:`label_log_prob`),
-    the Brier score :math:`\sum_k e^{2(z_k - m)} / s^2 - 2 p_y + 1` with
-    :math:`p_y = e^{(z_y - m) - \log s}` (as :func:`brier_rows` up to float32
-    rounding) and whether every logit of the row is finite. Over blocks of
+    the Brier score :math:`\sum_k e^{2(z_k - m)} / s^2 - 2 e^{z_y - m} / s + 1`
+    (:func:`brier_rows`' expression, equal to it up to float32 rounding:
+    XLA:CPU adds ``s`` in another order inside ``_brier``'s loop than inside
+    ``_reductions``' or this one, a last-ulp difference in about half the
+    rows of a bf16 ``[1024, 50257]`` chunk) and whether every logit of the
+    row is finite. Over blocks of
     rows on the CPU, where the three separate passes would each take their
     own row maximum and exponentials (measured on a bf16 ``[1024, 50257]``
     chunk: 6.5 CPU ns per logit here against 17.4 for the top-label rows,
@@ -165,9 +172,8 @@ def fused_rows(logits, labels):
     order (other bits of :math:`1/s`) and XLA:CPU does not vectorise it
     (14.9 ns per logit).
     """
-    m, s, sq, z_y, before, finite = by_row_blocks(
+    m, s, z_y, before, brier, finite = by_row_blocks(
         _fused, logits, labels.astype(jnp.int32)
     )
     log_p = (z_y - m) - jnp.log(s)
-    brier = sq / (s * s) - 2.0 * jnp.exp(log_p) + 1.0
     return 1.0 / s, (z_y == m) & (before < m), log_p, brier, finite

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -29,18 +28,13 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from _processes import free_port  # noqa: F401 - also this module's API
+
 # Hang guards, not expectations: a start takes about a second and a request
 # milliseconds on a quiet machine; a loaded one may take ten times that.
 START_TIMEOUT = 300.0
 HTTP_TIMEOUT = 120.0
 _SERVER = Path(__file__).with_name("_gcs_server.py")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (at the time of the call)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Emulator:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from calib_jax.sharding import is_class_sharded, shard_classes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sharding_worker as worker  # noqa: E402
+from _processes import free_port, wait_all  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,12 +132,6 @@ def test_bad_shapes_are_one_line_before_anything_is_placed(case):
     assert "\n" not in text and message in text, text
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.long
 def test_two_processes_fill_their_own_devices_from_the_same_host_array(tmp_path):
     """2 CPU processes of 2 devices each: the class axis across both
@@ -146,7 +140,7 @@ def test_two_processes_fill_their_own_devices_from_the_same_host_array(tmp_path)
     of the placed logits equals the float64 reference, a RAPS predictor's
     sets equal one device's sorted sets off a 1e-6 band around qhat, and a
     class axis that does not divide K is the same one line on both."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("XLA_FLAGS", None)
@@ -162,17 +156,7 @@ def test_two_processes_fill_their_own_devices_from_the_same_host_array(tmp_path)
         )
         for i in range(2)
     ]
-    out = []
-    try:
-        for proc in procs:
-            _, stderr = proc.communicate(timeout=600)
-            out.append((proc.returncode, stderr))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for code, stderr in out:
+    for code, _, stderr in wait_all(procs, 600):
         assert code == 0, stderr[-3000:]
     z, y = worker.case()
     z64 = z.astype(np.float64)

@@ -10,9 +10,7 @@ aborts (or hangs) rather than raising, so any survivor is killed on failure.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import time
 
 import jax
 import numpy as np
@@ -20,6 +18,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import _cli
+from _processes import free_port, wait_all
 from calib_jax.train import distributed, evaluate
 
 STEPS = 4
@@ -35,12 +34,6 @@ OVERRIDES = (
 TIMEOUT_S = 1800
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(workdir, *extra, num_devices):
     return subprocess.Popen(
         _cli.command("digits_ce.py", workdir, *OVERRIDES, *extra),
@@ -50,21 +43,6 @@ def _start(workdir, *extra, num_devices):
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def _wait_all(procs) -> list[tuple[int, str, str]]:
-    deadline = time.time() + TIMEOUT_S
-    out = []
-    try:
-        for proc in procs:
-            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.time()))
-            out.append((proc.returncode, stdout, stderr))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return out
 
 
 def _final_state(workdir) -> dict:
@@ -83,7 +61,7 @@ def _rows(workdir) -> list[dict]:
 @pytest.mark.long
 def test_two_processes_train_like_one_process_with_the_same_devices(tmp_path):
     multi, single = tmp_path / "multi", tmp_path / "single"
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     dist = (
         f"--coordinator_address={address}",
         "--num_processes=2",
@@ -91,7 +69,7 @@ def test_two_processes_train_like_one_process_with_the_same_devices(tmp_path):
     )
     procs = [_start(multi, *dist, f"--process_id={i}", num_devices=2) for i in range(2)]
     procs.append(_start(single, num_devices=4))
-    results = _wait_all(procs)
+    results = wait_all(procs, TIMEOUT_S)
     for code, _, stderr in results:
         assert code == 0, stderr[-3000:]
     # Only process 0 prints the summary and writes metrics.

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -24,6 +22,7 @@ import pytest
 
 import _cli
 import _no_gather_worker as worker
+from _processes import free_port, wait_all
 from calib_jax.train import evaluate, loop
 from calib_jax.train import mesh as mesh_lib
 from configs import digits_ce
@@ -117,15 +116,9 @@ def test_single_process_export_is_one_file_and_shards_read_back_in_order(
         evaluate.read_logits(tmp_path / "two", ["test"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.long
 def test_two_processes_exchange_only_rows_and_score_like_one(tmp_path):
-    port = _free_port()
+    port = free_port()
     script = str(_cli.ROOT / "tests" / "train" / "_no_gather_worker.py")
     procs = [
         subprocess.Popen(
@@ -138,17 +131,7 @@ def test_two_processes_exchange_only_rows_and_score_like_one(tmp_path):
         )
         for i in range(2)
     ]
-    deadline, out = time.time() + TIMEOUT_S, []
-    try:
-        for proc in procs:
-            _, stderr = proc.communicate(timeout=max(1.0, deadline - time.time()))
-            out.append((proc.returncode, stderr))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for code, stderr in out:
+    for code, _, stderr in wait_all(procs, TIMEOUT_S):
         assert code == 0, stderr[-3000:]
     data = worker.sets()
     expected = evaluate.score(data)

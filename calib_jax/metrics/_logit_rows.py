@@ -104,16 +104,25 @@ def label_log_prob(logits, labels):
     return (z_y - m) - jnp.log(s)
 
 
-def _brier(logits, labels):
+def _exp_sums(logits, labels):
+    """``(z, k, y, m, e, s, sq)`` of a block: the float32 logits, class ids,
+    labels ``[n, 1]``, row maximum, ``e^{z - m}``, its row sum and row sum of
+    squares (what the Brier row and the fused pass share)."""
     z = _common.as_float(logits)
     k = lax.broadcasted_iota(jnp.int32, z.shape, 1)
     y = labels[:, None]
     m = jnp.max(z, axis=1)
     e = jnp.exp(z - m[:, None])
-    s = jnp.sum(e, axis=1)
-    sq = jnp.sum(e * e, axis=1)
-    e_y = jnp.sum(jnp.where(k == y, e, 0.0), axis=1)
+    return z, k, y, m, e, jnp.sum(e, axis=1), jnp.sum(e * e, axis=1)
+
+
+def _brier_of(sq, s, e_y):
     return sq / (s * s) - 2.0 * (e_y / s) + 1.0
+
+
+def _brier(logits, labels):
+    _, k, y, _, e, s, sq = _exp_sums(logits, labels)
+    return _brier_of(sq, s, jnp.sum(jnp.where(k == y, e, 0.0), axis=1))
 
 
 def brier_rows(logits, labels):
@@ -128,13 +137,7 @@ def finite_rows(logits, labels):
 
 
 def _fused(logits, labels):
-    z = _common.as_float(logits)
-    k = lax.broadcasted_iota(jnp.int32, z.shape, 1)
-    y = labels[:, None]
-    m = jnp.max(z, axis=1)
-    e = jnp.exp(z - m[:, None])
-    s = jnp.sum(e, axis=1)
-    sq = jnp.sum(e * e, axis=1)
+    z, k, y, m, _, s, sq = _exp_sums(logits, labels)
     # The label's logit itself (the one nonzero term of _reductions' sum).
     z_y = jnp.take_along_axis(z, y, axis=1)[:, 0]
     before = jnp.max(jnp.where(k < y, z, -jnp.inf), axis=1)
@@ -144,8 +147,7 @@ def _fused(logits, labels):
     zeros = jnp.sum(z * 0.0, axis=1)
     # _brier's row, its label term exp(z_y - m) of the label's logit (the
     # one nonzero term of _brier's sum).
-    e_y = jnp.exp(z_y - m)
-    brier = sq / (s * s) - 2.0 * (e_y / s) + 1.0
+    brier = _brier_of(sq, s, jnp.exp(z_y - m))
     return m, s, z_y, before, brier, zeros == 0.0
 
 
@@ -165,12 +167,10 @@ def fused_rows(logits, labels):
     rows of a bf16 ``[1024, 50257]`` chunk) and whether every logit of the
     row is finite. Over blocks of
     rows on the CPU, where the three separate passes would each take their
-    own row maximum and exponentials (measured on a bf16 ``[1024, 50257]``
-    chunk: 6.5 CPU ns per logit here against 17.4 for the top-label rows,
-    NLL, Brier and finiteness passes). The confidence's own reductions stay
-    separate sums: one variadic reduction of every sum would add in another
-    order (other bits of :math:`1/s`) and XLA:CPU does not vectorise it
-    (14.9 ns per logit).
+    own row maximum and exponentials (``benchmarks/RESULTS.md``, "Large
+    label spaces"). The confidence's own reductions stay separate sums: one
+    variadic reduction of every sum would add in another order (other bits
+    of :math:`1/s`) and XLA:CPU does not vectorise it.
     """
     m, s, z_y, before, brier, finite = by_row_blocks(
         _fused, logits, labels.astype(jnp.int32)

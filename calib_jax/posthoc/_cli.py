@@ -72,103 +72,14 @@ from absl import flags
 from calib_jax import _cli as entry
 from calib_jax import chunks, posthoc, storage
 from calib_jax import progress as progress_lib
-from calib_jax.posthoc import _binary, _streamed, _temperature, _validate
+from calib_jax.posthoc import _binary, _streamed, _validate
 from calib_jax.posthoc import _cli_files as files
+from calib_jax.posthoc import _cli_flags as cli_flags
 from calib_jax.posthoc import _cli_report as report
 from calib_jax._cli import UserError
 
-PROG = "python -m calib_jax.posthoc"
 # Seconds between progress lines when stderr is not a terminal.
 LOG_INTERVAL = 30.0
-_HELP = ("-h", "--help", "-help", "--helpfull", "--helpshort")
-
-
-def _define(fv: flags.FlagValues) -> None:
-    """Defines the command's flags in ``fv``."""
-    kw = {"flag_values": fv}
-    flags.DEFINE_string(
-        "workdir",
-        None,
-        "a training run's workdir: fit on its val logits, score its test and "
-        "every shift (instead of --val/--test)",
-        **kw,
-    )
-    flags.DEFINE_string(
-        "val",
-        None,
-        "validation .npz (the fit set), or its shards: a glob, a "
-        "comma-separated list, or an .npy file (TS methods only)",
-        **kw,
-    )
-    flags.DEFINE_string(
-        "test",
-        None,
-        "test .npz (the evaluation set), or its shards: a glob, a "
-        "comma-separated list, or an .npy file (TS methods only)",
-        **kw,
-    )
-    flags.DEFINE_multi_string(
-        "method",
-        [],
-        "calibrator(s), repeatable or comma-separated: ts, ts:<objective>, ets, "
-        "pts, cts, vector, matrix, dirichlet, histogram_binning, isotonic, "
-        "platt, beta (K = 2), and <ts|ts:nll|ets|pts|cts>+classwise",
-        **kw,
-    )
-    flags.DEFINE_enum(
-        "objective",
-        None,
-        _temperature.OBJECTIVES,
-        "objective of a bare 'ts' (default nll)",
-        **kw,
-    )
-    flags.DEFINE_string(
-        "out", None, "output directory (default RUN/posthoc or <test>_posthoc)", **kw
-    )
-    flags.DEFINE_bool("overwrite", False, "replace existing outputs", **kw)
-    flags.DEFINE_integer("seed", 0, "initialisation seed (PTS)", lower_bound=0, **kw)
-    flags.DEFINE_integer("num_bins", 15, "bins of the ECE metrics", lower_bound=1, **kw)
-    flags.DEFINE_string("logits_key", "logits", "array name of the logits", **kw)
-    flags.DEFINE_string("labels_key", "labels", "array name of the labels", **kw)
-
-
-class _Help(Exception):
-    """``--help``: the text to print."""
-
-
-def parse_flags(argv: Sequence[str]) -> flags.FlagValues:
-    """Parses ``argv`` (without the program name) into fresh flag values.
-
-    The flags live in their own ``FlagValues``, not in ``absl.flags.FLAGS``,
-    so the CLI can run in-process next to the train and benchmark flags.
-
-    Raises:
-      UserError: an unknown flag, a missing or bad value, a positional
-        argument (one line).
-    """
-    fv = flags.FlagValues()
-    _define(fv)
-    if any(a in _HELP for a in argv):
-        raise _Help(
-            f"usage: {PROG} (--workdir RUN | --val VAL.npz --test TEST.npz) "
-            f"--method NAME[,NAME...] [flags]\n{fv.get_help(include_special_flags=False)}"
-        )
-    try:
-        rest = fv([PROG, *argv])
-    except flags.UnrecognizedFlagError as err:
-        name = err.flagname
-        hint = ""
-        if name.replace("-", "_") in fv:
-            hint = f" (flags are snake_case: --{name.replace('-', '_')})"
-        raise UserError(f"unknown flag --{name}{hint}.") from None
-    except flags.Error as err:
-        raise UserError(str(err)) from None
-    if rest[1:]:
-        raise UserError(
-            f"unexpected argument(s) {' '.join(rest[1:])!r}: give every value "
-            "with its flag (--name=value)."
-        )
-    return fv
 
 
 def _methods(values, objective) -> list[str]:
@@ -450,8 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     try:
-        fv = parse_flags(argv)
-    except _Help as text:
+        fv = cli_flags.parse_flags(argv)
+    except cli_flags.Help as text:
         print(text)
         return 0
     return run(fv)

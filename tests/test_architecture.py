@@ -325,7 +325,7 @@ def test_loss_modules_import_only_the_bases_and_their_listed_modules():
 METRIC_SHARED = {"_common", "_conventions", "_validate"}
 METRIC_MODULE_IMPORTS = {
     "_adaptive": METRIC_SHARED | {"_cpu_kernels", "_inputs"},
-    "_aurc": {"_common", "_inputs", "_validate"},
+    "_aurc": {"_common", "_cpu_kernels", "_inputs", "_validate"},
     "_binned_stats": METRIC_SHARED | {"_cpu_kernels", "_kernels"},
     "_classwise": METRIC_SHARED
     | {"_adaptive", "_binned_stats", "_ece", "_inputs", "_kernels"},

@@ -12,10 +12,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import digamma
 
-from calib_jax import _checks
-from calib_jax.metrics import _common, _inputs, _validate
+from calib_jax import _checks, kernels
+from calib_jax.metrics import _common, _cpu_kernels, _inputs, _validate
 
 OPTIMA = ("exact", "geifman")
+# Lanes of the column layout of the tie-group scans off the CPU.
+LANES = 128
 
 
 def _position_weights(n, size, dtype):
@@ -112,11 +114,27 @@ def _group_weight(a, m, n):
     return (tail + _mean_inner_gap(a, m)) / nf
 
 
-def _aurc_rows(conf, correct, where):
-    """``(aurc, alpha, errors, n)`` of top-label rows (traceable)."""
+def _tie_sum(dtype, i, last, err, start, run, n):
+    """The AURC sum over the rows ending a tie group (``last``), given each
+    row's error flag and the starts of its tie group and of its run of
+    equal (confidence, error) keys."""
+    # Group [start, i] ends at a row with ``last``; its errors are the run
+    # [run, i] when that row is an error. Descending, the group takes the
+    # positions a + 1 .. a + m below the a = n - 1 - i more confident rows.
+    m = (i + 1 - start).astype(dtype)
+    errors = jnp.where(err == 1, i + 1 - run, 0).astype(dtype)
+    a = (n - 1 - i).astype(dtype)
+    # Tied confidences: every member gets the mean weight of the group's
+    # positions (the expectation over orderings of the ties).
+    weight = _group_weight(jnp.maximum(a, 0.0), m, n)
+    keep = last & (i < n)
+    return jnp.sum(jnp.where(keep, errors * weight, 0.0))
+
+
+def _aurc_flat(conf, correct, valid, n):
+    """``(aurc, errors)``: the sorted ``[N]`` rows, two prefix maxima of the
+    row index for the tie groups and the error runs (the CPU's form)."""
     size = conf.shape[0]
-    valid = _common.mask_or_ones(where, size)
-    n = jnp.sum(valid.astype(jnp.int32))
     # Ascending (confidence, error), excluded rows last: inside a group of
     # tied confidences the correct rows come first, the errors last.
     s, err = _common.sorted_by_confidence(conf, ~correct, valid)
@@ -125,22 +143,86 @@ def _aurc_rows(conf, correct, where):
     new_group = jnp.concatenate([first, s[1:] != s[:-1]])
     new_run = new_group | jnp.concatenate([first, err[1:] != err[:-1]])
     last = jnp.concatenate([s[1:] != s[:-1], first]) | (i == n - 1)
-    # Group [start, i] ends at a row with ``last``; its errors are the run
-    # [run, i] when that row is an error. Descending, the group takes the
-    # positions a + 1 .. a + m below the a = n - 1 - i more confident rows.
     start = lax.cummax(jnp.where(new_group, i, 0), axis=0)
     run = lax.cummax(jnp.where(new_run, i, 0), axis=0)
-    dtype = conf.dtype
-    m = (i + 1 - start).astype(dtype)
-    errors = jnp.where(err == 1, i + 1 - run, 0).astype(dtype)
-    a = (n - 1 - i).astype(dtype)
-    # Tied confidences: every member gets the mean weight of the group's
-    # positions (the expectation over orderings of the ties).
-    weight = _group_weight(jnp.maximum(a, 0.0), m, n)
-    keep = last & (i < n)
-    aurc = jnp.sum(jnp.where(keep, errors * weight, 0.0))
-    alpha = _position_weights(n, size, dtype)
-    return aurc, alpha, jnp.sum(jnp.where(i < n, err, 0)), n
+    aurc = _tie_sum(conf.dtype, i, last, err, start, run, n)
+    return aurc, jnp.sum(jnp.where(i < n, err, 0))
+
+
+def _tuned_keys(conf, flag, valid):
+    """One unstable sort of the packed int32 keys of
+    ``_cpu_kernels.sort_key`` (no payload: equal keys are equal integers, so
+    stability is moot, and a TPU's stable sort of 10^6 keys reads and writes
+    4.5x the bytes)."""
+    return lax.sort(_cpu_kernels.sort_key(conf, flag, valid), is_stable=False)
+
+
+@kernels.dispatch("sort_keys", _tuned_keys)
+def _sorted_keys(conf, flag, valid):
+    """Ascending int32 keys ``2 bits(conf) + flag`` (wrapping for the
+    excluded rows, which come last): :func:`_common.sorted_by_confidence`'s
+    pairs in one array, only compared for equality and split by ``>> 1``
+    and ``& 1``."""
+    s, f = _common.sorted_by_confidence.plain(conf, flag, valid)
+    return lax.bitcast_convert_type(s, jnp.int32) * 2 + f
+
+
+def _columns(x):
+    """``[N]`` as ``[LANES, ceil(N / LANES)]`` with row ``j`` at
+    ``[j % LANES, j // LANES]`` (zero-padded): consecutive rows run down the
+    major axis, so a prefix maximum is a scan along it plus one over the
+    short column maxima, with no transposition inside the scans."""
+    size = x.shape[0]
+    cols = max(1, -(-size // LANES))
+    x = jnp.concatenate([x, jnp.zeros((cols * LANES - size,), x.dtype)])
+    return x.reshape(cols, LANES).T
+
+
+def _column_prefix_max(x):
+    """Prefix maximum in row order of :func:`_columns`' layout (``x >= 0``)."""
+    y = lax.cummax(x, axis=0)
+    tot = lax.cummax(y[-1, :], axis=0)
+    before = jnp.concatenate([jnp.zeros((1,), x.dtype), tot[:-1]])
+    return jnp.maximum(y, before[None, :])
+
+
+def _aurc_columns(conf, correct, valid, n):
+    """:func:`_aurc_flat` off the CPU: one sort of packed keys, transposed
+    once into :func:`_columns`' layout, where the two prefix maxima need no
+    transposition (a TPU's ``lax.cummax`` over ``[N]`` transposes its input
+    and its output; ``RESULTS.md``, "Metric kernels on TPU")."""
+    key = _sorted_keys(conf, ~correct, valid)
+    size = key.shape[0]
+    errors = jnp.sum(jnp.where(lax.iota(jnp.int32, size) < n, key & 1, 0))
+    key = lax.optimization_barrier(_columns(key))
+    shape = key.shape
+    i = lax.broadcasted_iota(jnp.int32, shape, 1) * LANES
+    i = i + lax.broadcasted_iota(jnp.int32, shape, 0)
+    # The rows before and after in row order: up or down one lane, across to
+    # the neighbouring column at the ends (the first and last rows repeat).
+    head = jnp.concatenate([key[-1:, :1], key[-1:, :-1]], axis=1)
+    tail = jnp.concatenate([key[:1, 1:], key[-1:, -1:]], axis=1)
+    prev = jnp.concatenate([head, key[:-1]], axis=0)
+    nxt = jnp.concatenate([key[1:], tail], axis=0)
+    new_group = ((key >> 1) != (prev >> 1)) | (i == 0)
+    new_run = (key != prev) | (i == 0)
+    last = ((key >> 1) != (nxt >> 1)) | (i == n - 1)
+    start = _column_prefix_max(jnp.where(new_group, i, 0))
+    run = _column_prefix_max(jnp.where(new_run, i, 0))
+    aurc = _tie_sum(conf.dtype, i, last, key & 1, start, run, n)
+    return aurc, errors
+
+
+def _aurc_rows(conf, correct, where):
+    """``(aurc, alpha, errors, n)`` of top-label rows (traceable)."""
+    size = conf.shape[0]
+    valid = _common.mask_or_ones(where, size)
+    n = jnp.sum(valid.astype(jnp.int32))
+    aurc, errors = lax.platform_dependent(
+        conf, correct, valid, n, cpu=_aurc_flat, default=_aurc_columns
+    )
+    alpha = _position_weights(n, size, conf.dtype)
+    return aurc, alpha, errors, n
 
 
 @jax.jit

@@ -99,3 +99,48 @@ def test_position_and_group_weights_hold_float32_precision_at_the_bottom():
     np.testing.assert_allclose(
         alpha[pos - 1], (harmonic[n] - harmonic[pos - 1]) / n, rtol=1e-6
     )
+
+
+def _tie_heavy(rng, n, pile):
+    """Top-label rows of a confident classifier: confidences piled at 1.0 and
+    in [0.9999, 1), rounded ones (groups of ties at every depth), errors
+    more likely at low confidence."""
+    import numpy as np
+
+    conf = rng.choice(np.float32(1.0) - np.arange(300, dtype=np.float32) * 3e-7, n)
+    conf = np.where(rng.random(n) < 0.5, np.round(rng.random(n), 3), conf)
+    conf = np.where(rng.random(n) < pile, 1.0, conf).astype(np.float32)
+    err = rng.random(n) < 0.3 * (1.0 - conf) + 0.05
+    return conf, err
+
+
+@pytest.mark.parametrize(
+    "n",
+    [1000] + [pytest.param(k, marks=pytest.mark.long) for k in (1, 127, 128, 20_001)],
+)
+def test_aurc_column_form_off_the_cpu_equals_the_flat_form(n):
+    """The tie groups from packed keys in ``[128, N/128]`` columns (what a
+    TPU or GPU runs) against the float64 group expectation and the CPU's
+    flat form: both sort forms, excluded rows, sizes around the lane count."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from calib_jax import kernels
+    from calib_jax.metrics import _aurc
+
+    rng = np.random.default_rng(n)
+    conf, err = _tie_heavy(rng, n, 0.3)
+    valid = rng.random(n) < 0.8
+    valid[0] = True
+    want = _aurc_by_groups(conf[valid], err[valid])
+    args = (jnp.asarray(conf), jnp.asarray(~err), jnp.asarray(valid))
+    m = jnp.int32(valid.sum())
+    flat, flat_errors = jax.jit(_aurc._aurc_flat)(*args, m)
+    close(flat, want, atol=1e-7, rtol=1e-5)
+    for mode in ("tuned", "plain"):
+        with kernels.use(mode, "sort_keys"):
+            got, errors = jax.jit(_aurc._aurc_columns)(*args, m)
+        close(got, want, atol=1e-7, rtol=1e-5)
+        np.testing.assert_allclose(float(got), float(flat), rtol=2e-6, atol=1e-9)
+        assert int(errors) == int(flat_errors) == int(err[valid].sum())

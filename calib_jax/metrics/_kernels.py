@@ -11,14 +11,15 @@ rounding, 1e-7 (figures in ``benchmarks/RESULTS.md``).
 The blocks follow the row index, so they align with row shards. With the
 rows sharded and every device's share a multiple of ``_BLOCK`` rows, each
 block lies on one device: the SPMD partitioner scatters each device's rows
-into its own zeroed ``[blocks * slots]`` buffer and all-reduces the buffers,
+into its own zeroed ``[slots * blocks]`` buffer and all-reduces the buffers,
 adding exact zeros, before the sum over blocks, so the sums (and the ECE,
 RMSCE and :class:`BinnedStats` from them) are the single-device program's
 bit for bit (``tests/metrics/test_vocab_sharded.py``, 512 rows a device on a
-2 x 4 mesh). A share of another size splits one block between two devices,
-whose partial sums add in one more float32 rounding: about 1e-7 relative of
-the bin. ``tests/metrics/test_float_sums.py`` checks the sums against float64
-and that a block-aligned split of the rows leaves every block's sum as it is.
+2 x 4 mesh). A share of another size splits one block between two devices:
+its rows add in two running sums that are then added, a float32 difference
+of about 1e-7 of the bin's sum. ``tests/metrics/test_float_sums.py`` checks
+the sums against float64 and that a block-aligned split of the rows leaves
+every block's sum as it is.
 """
 
 from __future__ import annotations

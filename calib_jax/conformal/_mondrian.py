@@ -68,8 +68,8 @@ import numpy as np
 from flax import struct
 from jax import lax
 
-from calib_jax import _checks, sharding
-from calib_jax.conformal import _by_reduction, _scores
+from calib_jax import _checks
+from calib_jax.conformal import _predictor, _scores
 from calib_jax.conformal._predictor import ConformalPredictor, check_class_sharded
 
 ABSENT = ("error", "marginal", "full")
@@ -144,41 +144,6 @@ def class_quantiles(scores, labels, table, *, num_classes, absent, marginal_rank
     return jnp.where(enough, q, fallback), counts
 
 
-def _probs(logits):
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-    return jax.nn.softmax(logits, axis=-1)
-
-
-def _uniforms(key, n: int):
-    return jax.random.uniform(key, (n,), jnp.float32)
-
-
-@functools.partial(jax.jit, static_argnames=("method", "k_reg", "class_sharded"))
-def label_scores(method, logits, labels, u, lam, *, k_reg, class_sharded=False):
-    """Conformity scores of the labels, as the marginal predictor's fit
-    (``class_sharded``: APS/RAPS by row sums, no row sort)."""
-    probs = _probs(logits)
-    if method == "thr":
-        return _scores.thr_score(probs, labels)
-    if class_sharded:
-        return _by_reduction.raps_score(probs, labels, u, lam, k_reg=k_reg)
-    return _scores.raps_score_core(probs, labels, u, lam, k_reg=k_reg)
-
-
-def _ranked_scores(probs, u, lam, k_reg: int):
-    """The scores along each row's ranking (as the marginal APS/RAPS: the
-    cumulative mass before, plus ``u`` times the class's own, plus the
-    penalty, with a running maximum removing rounding decreases)."""
-    desc = -jnp.sort(-probs, axis=-1)
-    cum = jnp.cumsum(desc, axis=-1)
-    before = jnp.concatenate([jnp.zeros_like(cum[:, :1]), cum[:, :-1]], axis=-1)
-    weight = desc if u is None else u[:, None] * desc
-    rank = lax.iota(jnp.int32, probs.shape[-1]) + 1
-    excess = jnp.maximum(rank - k_reg, 0).astype(probs.dtype)
-    raw = before + weight + jnp.asarray(lam, probs.dtype) * excess[None, :]
-    return lax.cummax(raw, axis=1)
-
-
 def class_scores(probs, u, lam, *, method: str, k_reg: int):
     """The conformity score of every class of every row, ``[N, K]`` in class order.
 
@@ -188,7 +153,8 @@ def class_scores(probs, u, lam, *, method: str, k_reg: int):
     """
     if method == "thr":
         return 1.0 - probs
-    ranked = _ranked_scores(probs, u, lam, k_reg)
+    # The scores along each row's ranking, as the marginal APS/RAPS's.
+    _, ranked = _scores.sorted_scores(probs, u, lam, k_reg)
     # Stable argsort of -p: equal probabilities keep index order, the
     # ranking rule of _label_positions.
     order = jnp.argsort(-probs, axis=-1, stable=True)
@@ -198,14 +164,10 @@ def class_scores(probs, u, lam, *, method: str, k_reg: int):
 
 @functools.partial(jax.jit, static_argnames=("method", "k_reg", "allow_empty"))
 def _sets_core(method, logits, qhat, u, lam, *, k_reg, allow_empty):
-    probs = _probs(logits)
+    probs = _predictor.probs_of(logits)
     scores = class_scores(probs, u, lam, method=method, k_reg=k_reg)
     sets = scores <= qhat.astype(scores.dtype)[None, :]
-    if not allow_empty:
-        top = jax.nn.one_hot(jnp.argmax(probs, axis=-1), probs.shape[-1], dtype=bool)
-        empty = ~jnp.any(sets, axis=-1, keepdims=True)
-        sets = sets | (top & empty)
-    return sets
+    return sets if allow_empty else _predictor.with_top_class(sets, probs)
 
 
 @struct.dataclass
@@ -272,7 +234,8 @@ class MondrianPredictor(ConformalPredictor):
         """
         logits = self._check(logits, key)
         self._row_sums(logits, class_sharded)
-        u = _uniforms(key, logits.shape[0]) if self.randomized else None
+        n = logits.shape[0]
+        u = _predictor.uniforms(key, n, jnp.float32) if self.randomized else None
         return _sets_core(
             self.method,
             logits,
@@ -299,68 +262,44 @@ def fit_mondrian(
     """Calibrates a Mondrian ``method`` on checked inputs (see
     :func:`calib_jax.conformal.fit` with ``mondrian=True``)."""
     _checks.check_choice("absent", absent, ABSENT)
-    n, k = logits.shape
     alpha = _scores.check_alpha(alpha)
     if absent == "error" and _checks.is_concrete(labels):
-        check_class_counts(labels, k, alpha)
-    randomized = key is not None and method != "thr"
-    u = _uniforms(key, n) if randomized else None
-    lam = jnp.asarray(lam, jnp.float32)
-    # Class-sharded calibration logits: the labels' row-sum scores (the
-    # fit needs no class's score but the label's).
-    row_sums = method != "thr" and sharding.is_class_sharded(logits)
-    scores = label_scores(
-        method, logits, labels, u, lam, k_reg=k_reg, class_sharded=row_sums
-    )
-    return mondrian_of_scores(
+        check_class_counts(labels, logits.shape[1], alpha)
+    # The fit needs no class's score but the label's: on class-sharded
+    # logits, the labels' row-sum scores.
+    scores, fitted = _predictor.calibration_scores(
         method,
-        scores,
+        logits,
         labels,
-        num_classes=k,
         alpha=alpha,
-        randomized=randomized,
+        key=key,
         lam=lam,
         k_reg=k_reg,
         allow_empty=allow_empty,
-        absent=absent,
     )
+    return mondrian_of_scores(method, scores, labels, absent=absent, **fitted)
 
 
 def mondrian_of_scores(
-    method: str,
-    scores: jax.Array,
-    labels: jax.Array,
-    *,
-    num_classes: int,
-    alpha: float,
-    randomized: bool,
-    lam: jax.Array,
-    k_reg: int,
-    allow_empty: bool,
-    absent: str,
+    method: str, scores: jax.Array, labels: jax.Array, *, absent: str, **fitted
 ) -> MondrianPredictor:
     """The Mondrian predictor of the ``n`` calibration ``scores`` (those of
-    :func:`label_scores`) and their ``labels``, in any row order (the class
-    counts are checked by the caller for ``absent='error'``)."""
-    n = scores.shape[0]
+    :func:`calib_jax.conformal._predictor.scores_core`) and their
+    ``labels``, in any row order (the class counts are checked by the caller
+    for ``absent='error'``); ``fitted``: the keyword arguments of
+    :func:`calib_jax.conformal._predictor.predictor_fields`."""
+    n, alpha = scores.shape[0], fitted["alpha"]
     qhat, counts = class_quantiles(
         scores,
         labels,
         rank_table(n, alpha),
-        num_classes=int(num_classes),
+        num_classes=int(fitted["num_classes"]),
         absent=absent,
         marginal_rank=_scores.quantile_rank(n, alpha),
     )
     return MondrianPredictor(
         qhat=qhat,
-        lam=lam,
-        method=method,
-        k_reg=k_reg,
-        randomized=randomized,
-        allow_empty=bool(allow_empty),
-        alpha=float(alpha),
-        num_classes=int(num_classes),
-        num_calibration=int(n),
         class_counts=counts,
         absent=absent,
+        **_predictor.predictor_fields(method, n, **fitted),
     )

@@ -26,7 +26,8 @@ from calib_jax import sharding
 from calib_jax.conformal import _by_reduction, _scores
 
 
-def _probs(logits: jax.Array) -> jax.Array:
+def probs_of(logits: jax.Array) -> jax.Array:
+    """Softmax of ``logits`` in float32 (or wider)."""
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     return jax.nn.softmax(logits, axis=-1)
 
@@ -39,7 +40,7 @@ def uniforms(key, n: int, dtype):
 def scores_core(method, logits, labels, u, lam, *, k_reg, class_sharded=False):
     """The labels' conformity scores; ``class_sharded`` (static): APS/RAPS
     by row sums (``_by_reduction.raps_score``) instead of the row sort."""
-    probs = _probs(logits)
+    probs = probs_of(logits)
     if method == "thr":
         return _scores.thr_score(probs, labels)
     if class_sharded:
@@ -51,7 +52,7 @@ def scores_core(method, logits, labels, u, lam, *, k_reg, class_sharded=False):
     jax.jit, static_argnames=("method", "k_reg", "allow_empty", "class_sharded")
 )
 def _sets_core(method, logits, qhat, u, lam, *, k_reg, allow_empty, class_sharded):
-    probs = _probs(logits)
+    probs = probs_of(logits)
     if method == "thr":
         sets = _scores.thr_sets(probs, qhat)
     elif class_sharded:
@@ -61,12 +62,15 @@ def _sets_core(method, logits, qhat, u, lam, *, k_reg, allow_empty, class_sharde
         sets = _by_reduction.raps_sets(probs, qhat, u, lam, k_reg=k_reg)
     else:
         sets = _scores.raps_sets_core(probs, qhat, u, lam, k_reg=k_reg)
-    if not allow_empty:
-        # Empty sets get the top class (first arg-max): never less coverage.
-        top = jax.nn.one_hot(jnp.argmax(probs, axis=-1), probs.shape[-1], dtype=bool)
-        empty = ~jnp.any(sets, axis=-1, keepdims=True)
-        sets = sets | (top & empty)
-    return sets
+    return sets if allow_empty else with_top_class(sets, probs)
+
+
+def with_top_class(sets, probs):
+    """``sets`` with the top class (first arg-max) added to every empty set:
+    never less coverage (``allow_empty=False``)."""
+    top = jax.nn.one_hot(jnp.argmax(probs, axis=-1), probs.shape[-1], dtype=bool)
+    empty = ~jnp.any(sets, axis=-1, keepdims=True)
+    return sets | (top & empty)
 
 
 @jax.jit
@@ -257,31 +261,50 @@ def fit_predictor(
     allow_empty: bool = True,
 ) -> ConformalPredictor:
     """Calibrates ``method`` on checked inputs (see :func:`calib_jax.conformal.fit`)."""
-    n, k = logits.shape
-    _scores.quantile_rank(n, alpha)  # before scoring: n large enough
+    _scores.quantile_rank(logits.shape[0], alpha)  # before scoring: n large enough
+    scores, fitted = calibration_scores(
+        method,
+        logits,
+        labels,
+        alpha=alpha,
+        key=key,
+        lam=lam,
+        k_reg=k_reg,
+        allow_empty=allow_empty,
+    )
+    return predictor_of_scores(method, scores, **fitted)
+
+
+def calibration_scores(
+    method, logits, labels, *, alpha, key, lam, k_reg, allow_empty
+) -> tuple[jax.Array, dict]:
+    """``(scores, fitted)``: the labels' conformity scores of the calibration
+    rows (one uniform per row when randomised; the row-sum form on
+    class-sharded logits), and the options of the predictor of those scores
+    (the keyword arguments of :func:`predictor_fields`). The marginal and
+    the Mondrian fits share it."""
     randomized = key is not None and method != "thr"
-    u = uniforms(key, n, jnp.float32) if randomized else None
+    u = uniforms(key, logits.shape[0], jnp.float32) if randomized else None
     lam = jnp.asarray(lam, jnp.float32)
     # Class-sharded calibration logits: the row-sum scores (no row sort).
     row_sums = method != "thr" and sharding.is_class_sharded(logits)
     scores = scores_core(
         method, logits, labels, u, lam, k_reg=k_reg, class_sharded=row_sums
     )
-    return predictor_of_scores(
-        method,
-        scores,
-        num_classes=k,
-        alpha=alpha,
-        randomized=randomized,
-        lam=lam,
-        k_reg=k_reg,
-        allow_empty=allow_empty,
-    )
+    fitted = {
+        "num_classes": logits.shape[1],
+        "alpha": alpha,
+        "randomized": randomized,
+        "lam": lam,
+        "k_reg": k_reg,
+        "allow_empty": allow_empty,
+    }
+    return scores, fitted
 
 
-def predictor_of_scores(
+def predictor_fields(
     method: str,
-    scores: jax.Array,
+    n: int,
     *,
     num_classes: int,
     alpha: float,
@@ -289,18 +312,29 @@ def predictor_of_scores(
     lam: jax.Array,
     k_reg: int,
     allow_empty: bool,
-) -> ConformalPredictor:
+) -> dict:
+    """The fields of a predictor fitted on ``n`` calibration scores, all but
+    ``qhat`` (the marginal and the Mondrian predictor's alike)."""
+    return {
+        "lam": lam,
+        "method": method,
+        "k_reg": k_reg,
+        "randomized": randomized,
+        "allow_empty": bool(allow_empty),
+        "alpha": float(alpha),
+        "num_classes": int(num_classes),
+        "num_calibration": int(n),
+    }
+
+
+def predictor_of_scores(method: str, scores: jax.Array, **fitted) -> ConformalPredictor:
     """The predictor whose ``qhat`` is the conformal quantile of the ``n``
-    calibration ``scores`` (those of :func:`scores_core`, in any row order)."""
+    calibration ``scores`` (those of :func:`scores_core`, in any row order);
+    ``fitted``: the keyword arguments of :func:`predictor_fields`."""
     n = scores.shape[0]
     return ConformalPredictor(
-        qhat=_scores.order_statistic(scores, rank=_scores.quantile_rank(n, alpha)),
-        lam=lam,
-        method=method,
-        k_reg=k_reg,
-        randomized=randomized,
-        allow_empty=bool(allow_empty),
-        alpha=float(alpha),
-        num_classes=int(num_classes),
-        num_calibration=int(n),
+        qhat=_scores.order_statistic(
+            scores, rank=_scores.quantile_rank(n, fitted["alpha"])
+        ),
+        **predictor_fields(method, n, **fitted),
     )

@@ -42,15 +42,23 @@ def check_lam(lam) -> None:
 def _dispatch(method, logits, labels, *, mondrian, absent, **kwargs):
     """The marginal or the Mondrian fit of ``method`` on checked inputs."""
     mondrian = _checks.check_bool("mondrian", mondrian)
+    absent = check_absent(mondrian, absent)
+    if not mondrian:
+        return _predictor.fit_predictor(method, logits, labels, **kwargs)
+    return _mondrian.fit_mondrian(method, logits, labels, absent=absent, **kwargs)
+
+
+def check_absent(mondrian: bool, absent):
+    """``absent`` checked: None (marginal), or one of ``ABSENT`` (None: 'error')."""
     if not mondrian:
         if absent is not None:
             raise ValueError(
                 f"absent={absent!r} applies to Mondrian predictors only "
                 "(mondrian=True); leave it None for a marginal predictor."
             )
-        return _predictor.fit_predictor(method, logits, labels, **kwargs)
+        return None
     absent = "error" if absent is None else absent
-    return _mondrian.fit_mondrian(method, logits, labels, absent=absent, **kwargs)
+    return _checks.check_choice("absent", absent, _mondrian.ABSENT)
 
 
 def fit_thr(

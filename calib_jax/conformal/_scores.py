@@ -181,7 +181,7 @@ def sort_desc(probs):
     return -jnp.sort(-probs, axis=-1)
 
 
-def _sorted_scores(probs, u, lam, k_reg: int):
+def sorted_scores(probs, u, lam, k_reg: int):
     """Descending probabilities and the non-decreasing scores along them.
 
     Returns ``(desc [N, K], scores [N, K])``: ``scores[:, j]`` is the score
@@ -291,7 +291,7 @@ def raps_score(
 @functools.partial(jax.jit, static_argnames="k_reg")
 def raps_score_core(probs, labels, u, lam, *, k_reg):
     """:func:`raps_score` on checked inputs (jitted, no checks)."""
-    _, scores = _sorted_scores(probs, u, lam, k_reg)
+    _, scores = sorted_scores(probs, u, lam, k_reg)
     pos = _label_positions(probs, labels)
     return jnp.take_along_axis(scores, pos[:, None], axis=1)[:, 0]
 
@@ -342,7 +342,7 @@ def raps_sets(
 @functools.partial(jax.jit, static_argnames="k_reg")
 def raps_sets_core(probs, qhat, u, lam, *, k_reg):
     """:func:`raps_sets` on checked inputs (jitted, no checks)."""
-    desc, scores = _sorted_scores(probs, u, lam, k_reg)
+    desc, scores = sorted_scores(probs, u, lam, k_reg)
     return _prefix_sets(probs, desc, scores, qhat.astype(probs.dtype))
 
 

@@ -72,16 +72,7 @@ def _options(name, kwargs) -> dict:
         )
     options = {**allowed, **kwargs}
     options["mondrian"] = _checks.check_bool("mondrian", options["mondrian"])
-    absent = options["absent"]
-    if not options["mondrian"]:
-        if absent is not None:
-            raise ValueError(
-                f"absent={absent!r} applies to Mondrian predictors only "
-                "(mondrian=True); leave it None for a marginal predictor."
-            )
-    else:
-        absent = "error" if absent is None else absent
-        options["absent"] = _checks.check_choice("absent", absent, _mondrian.ABSENT)
+    options["absent"] = _registry.check_absent(options["mondrian"], options["absent"])
     options.setdefault("lam", 0.0)
     options.setdefault("k_reg", 0)
     options["k_reg"] = _scores.check_k_reg(options["k_reg"])
@@ -223,7 +214,7 @@ def fit_of_chunks(
             f"{jax.random.key_impl(key)} key, partitionable="
             f"{jax.config.jax_threefry_partitionable}); pass shard paths instead."
         )
-    score_fn = _mondrian.label_scores if mondrian else _predictor.scores_core
+    score_fn = _predictor.scores_core
     scores, labels, small, pending = [], [], [], None
     rows = start = k = 0
     for chunk in source:

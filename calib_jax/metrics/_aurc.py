@@ -16,7 +16,7 @@ from calib_jax import _checks, kernels
 from calib_jax.metrics import _common, _cpu_kernels, _inputs, _validate
 
 OPTIMA = ("exact", "geifman")
-# Lanes of the column layout of the tie-group scans off the CPU.
+# Lanes of the column layout of the tie-group scans on a TPU.
 LANES = 128
 
 
@@ -133,7 +133,8 @@ def _tie_sum(dtype, i, last, err, start, run, n):
 
 def _aurc_flat(conf, correct, valid, n):
     """``(aurc, errors)``: the sorted ``[N]`` rows, two prefix maxima of the
-    row index for the tie groups and the error runs (the CPU's form)."""
+    row index for the tie groups and the error runs (the CPU's and GPUs'
+    form)."""
     size = conf.shape[0]
     # Ascending (confidence, error), excluded rows last: inside a group of
     # tied confidences the correct rows come first, the errors last.
@@ -187,7 +188,7 @@ def _column_prefix_max(x):
 
 
 def _aurc_columns(conf, correct, valid, n):
-    """:func:`_aurc_flat` off the CPU: one sort of packed keys, transposed
+    """:func:`_aurc_flat` on a TPU: one sort of packed keys, transposed
     once into :func:`_columns`' layout, where the two prefix maxima need no
     transposition (a TPU's ``lax.cummax`` over ``[N]`` transposes its input
     and its output; ``RESULTS.md``, "Metric kernels on TPU")."""
@@ -218,8 +219,11 @@ def _aurc_rows(conf, correct, where):
     size = conf.shape[0]
     valid = _common.mask_or_ones(where, size)
     n = jnp.sum(valid.astype(jnp.int32))
+    # The column form where it was measured (a TPU); the CPU and GPUs keep
+    # the flat form.
+    flat = {p: _aurc_flat for p in ("cpu", *kernels.GPU_PLATFORMS)}
     aurc, errors = lax.platform_dependent(
-        conf, correct, valid, n, cpu=_aurc_flat, default=_aurc_columns
+        conf, correct, valid, n, **flat, default=_aurc_columns
     )
     alpha = _position_weights(n, size, conf.dtype)
     return aurc, alpha, errors, n

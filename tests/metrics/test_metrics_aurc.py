@@ -118,9 +118,9 @@ def _tie_heavy(rng, n, pile):
     "n",
     [1000] + [pytest.param(k, marks=pytest.mark.long) for k in (1, 127, 128, 20_001)],
 )
-def test_aurc_column_form_off_the_cpu_equals_the_flat_form(n):
+def test_aurc_tpu_column_form_equals_the_flat_form(n):
     """The tie groups from packed keys in ``[128, N/128]`` columns (what a
-    TPU or GPU runs) against the float64 group expectation and the CPU's
+    TPU runs) against the float64 group expectation and the CPU's
     flat form: both sort forms, excluded rows, sizes around the lane count."""
     import jax
     import jax.numpy as jnp

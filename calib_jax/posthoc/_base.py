@@ -1,9 +1,12 @@
 """Shared by the post-hoc method modules: the :class:`Method` description of a
 trainable calibration map, the checks of a parameter tree against the map that
-reads it, and the host-side summary of fitted parameters."""
+reads it, the host-side summary of fitted parameters, and the ``.npz``
+archive (a JSON header beside the arrays) that saved calibrators are."""
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -11,7 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from calib_jax import _checks
+from calib_jax import _checks, storage
+
+#: The archive entry holding a saved calibrator's JSON header.
+HEADER = "__header__"
 
 
 def summarize(*trees) -> dict[str, Any]:
@@ -166,6 +172,34 @@ def check_matrix_params(params, *, values: bool = True) -> int:
     """Matrix scaling or Dirichlet parameters ``{'W': [K, K], 'b': [K]}``;
     returns K."""
     return check_affine_params(params, values=values, matrix=True)
+
+
+def write_archive(path, header: dict, arrays: dict, *, overwrite: bool) -> None:
+    """Writes ``arrays`` and the JSON ``header`` (entry :data:`HEADER`) as one
+    ``.npz`` at ``path`` (local or ``gs://``); a one-line ValueError when the
+    file exists and ``overwrite`` is False."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **{HEADER: np.array(json.dumps(header))}, **arrays)
+    storage.make_dirs(path.parent)
+    try:
+        storage.write_bytes(path, buffer.getvalue(), exclusive=not overwrite)
+    except FileExistsError:
+        msg = f"{path} already exists; pass overwrite=True to replace it."
+        raise ValueError(msg) from None
+
+
+def check_format(path, kind, version, *, expected: str, expected_version: int):
+    """One-line ValueError unless an archive's header names the format
+    ``expected`` at version ``expected_version``."""
+    if kind != expected:
+        raise ValueError(
+            f"{path} holds a saved object of kind {kind!r}, expected {expected!r}."
+        )
+    if version != expected_version:
+        raise ValueError(
+            f"{path} was saved in {expected} format version {version!r}; this "
+            f"calib_jax reads version {expected_version}."
+        )
 
 
 class Method(NamedTuple):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from calib_jax import _checks
-from calib_jax.posthoc import _base, _validate
+from calib_jax.posthoc import _base, _core, _validate
 
 BINARY_ONLY = ("platt", "beta")
 
@@ -169,9 +169,8 @@ def apply_platt(params, logits: jax.typing.ArrayLike) -> jax.Array:
       >>> print([f"{v:.4f}" for v in q[0]])
       ['0.2689', '0.7311']
     """
-    logits = jnp.asarray(logits)
+    logits = _core.upcast(logits)
     check_binary("platt", logits)
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     return apply_platt_params(params, logits)
 
 
@@ -307,9 +306,8 @@ def apply_beta(params, logits: jax.typing.ArrayLike) -> jax.Array:
       >>> print([f"{v:.4f}" for v in q[0]])
       ['0.1192', '0.8808']
     """
-    logits = jnp.asarray(logits)
+    logits = _core.upcast(logits)
     check_binary("beta", logits)
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     return apply_beta_params(params, logits)
 
 

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import struct
 
 from calib_jax.posthoc import (
     _base,
     _binary,
+    _core,
     _methods,
     _persist,
     _temperature,
@@ -79,8 +79,7 @@ class Calibrator:
             parameters are for (vector/matrix scaling, Dirichlet, CTS,
             binning...; maps such as TS take any K).
         """
-        logits = jnp.asarray(logits)
-        logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+        logits = _core.upcast(logits)
         k = _methods.num_classes(self.apply_fn, self.params)
         if k is not None and (logits.ndim != 2 or logits.shape[1] != k):
             raise ValueError(

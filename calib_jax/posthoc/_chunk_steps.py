@@ -32,17 +32,12 @@ from calib_jax.losses._base import safe_pow
 from calib_jax.posthoc import _core, _temperature, _validate
 
 
-def _upcast(x):
-    x = jnp.asarray(x)
-    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
-
-
 @jax.jit
 def chunk_checks(x, labels, valid):
     """``(bad rows, first bad row, correct rows, simplex)`` of one chunk:
     NaN/inf logits in an included row, the arg-max correctness (the
     library's rule) and whether its first rows look like probabilities."""
-    z = _upcast(x)
+    z = _core.upcast(x)
     bad = valid & ~jnp.all(jnp.isfinite(z), axis=1)
     correct = valid & (jnp.argmax(z, axis=1) == labels)
     return (
@@ -55,7 +50,7 @@ def chunk_checks(x, labels, valid):
 
 def _row_constants(x, labels, valid):
     """Zeroed padding, row maxima and ``m - z_y`` of a chunk (as ``_core.canonical``)."""
-    z = jnp.where(valid[:, None], _upcast(x), 0.0)
+    z = jnp.where(valid[:, None], _core.upcast(x), 0.0)
     labels = jnp.where(valid, labels, 0)
     m = jnp.max(z, axis=1)
     return z, labels, m, m - _core.pick(z, labels)

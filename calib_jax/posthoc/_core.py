@@ -20,6 +20,13 @@ import optax
 from jax import lax
 
 
+def upcast(x) -> jax.Array:
+    """``x`` as a JAX array of float32, or of a wider float (bf16/fp16 and
+    integers become float32)."""
+    x = jnp.asarray(x)
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
 def canonical(logits, labels, where=None):
     """Upcasts logits to >= float32, labels to int32, and builds the weights.
 
@@ -33,9 +40,8 @@ def canonical(logits, labels, where=None):
       (and their labels set to 0) and ``weights`` float ``[N]`` summing to 1
       (all zero when nothing is included).
     """
-    logits = jnp.asarray(logits)
-    dtype = jnp.promote_types(logits.dtype, jnp.float32)
-    logits = logits.astype(dtype)
+    logits = upcast(logits)
+    dtype = logits.dtype
     labels = jnp.asarray(labels).astype(jnp.int32)
     if where is None:
         mask = jnp.ones(labels.shape, bool)

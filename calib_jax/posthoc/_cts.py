@@ -40,8 +40,7 @@ def apply_cts(params, logits: jax.typing.ArrayLike) -> jax.Array:
       ...                 jnp.array([[2.0, 1.0]])))
       [[1. 2.]]
     """
-    logits = jnp.asarray(logits)
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    logits = _core.upcast(logits)
     return apply_cts_params(params, logits)
 
 

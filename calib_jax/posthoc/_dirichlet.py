@@ -42,8 +42,7 @@ def apply_dirichlet(params, logits: jax.typing.ArrayLike) -> jax.Array:
       >>> print(apply_dirichlet(params, jnp.array([[0.0, 0.0]])).round(4))
       [[-0.6931 -0.6931]]
     """
-    logits = jnp.asarray(logits)
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    logits = _core.upcast(logits)
     return apply_dirichlet_params(params, logits)
 
 

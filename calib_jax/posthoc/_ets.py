@@ -62,8 +62,7 @@ def apply_ets(params, logits: jax.typing.ArrayLike, *, form: str = "original"):
       ['-0.405', '-1.099']
     """
     _checks.check_choice("form", form, FORMS)
-    logits = jnp.asarray(logits)
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    logits = _core.upcast(logits)
     fn = _apply_original if form == "original" else _apply_logit
     return fn(params, logits)
 

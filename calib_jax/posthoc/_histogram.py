@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from calib_jax import _checks
-from calib_jax.posthoc import _base, _reduction, _validate
+from calib_jax.posthoc import _base, _core, _reduction, _validate
 
 BINNINGS = ("equal_mass", "equal_width")
 # Where an equal-mass threshold sits between two groups: at the last score
@@ -127,8 +127,7 @@ def apply_histogram_binning(
       [[0.8 0.2]]
     """
     _checks.check_choice("variant", variant, _reduction.VARIANTS)
-    logits = jnp.asarray(logits)
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    logits = _core.upcast(logits)
     fn = apply_top_label if variant == "top_label" else apply_one_vs_rest
     return fn(params, logits)
 

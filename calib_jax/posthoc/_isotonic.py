@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from calib_jax import _checks
-from calib_jax.posthoc import _base, _reduction, _validate
+from calib_jax.posthoc import _base, _core, _reduction, _validate
 
 
 def _binary_map(params, v, cls):
@@ -91,8 +91,7 @@ def apply_isotonic(
       [[0.6 0.4]]
     """
     _checks.check_choice("variant", variant, _reduction.VARIANTS)
-    logits = jnp.asarray(logits)
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    logits = _core.upcast(logits)
     fn = apply_top_label if variant == "top_label" else apply_one_vs_rest
     return fn(params, logits)
 

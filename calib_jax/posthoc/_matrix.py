@@ -66,8 +66,7 @@ def apply_vector_scaling(params, logits: jax.typing.ArrayLike) -> jax.Array:
       >>> print(apply_vector_scaling(params, jnp.array([[1.0, 1.0]])))
       [[1. 1.]]
     """
-    logits = jnp.asarray(logits)
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    logits = _core.upcast(logits)
     return apply_vector_params(params, logits)
 
 
@@ -95,8 +94,7 @@ def apply_matrix_scaling(params, logits: jax.typing.ArrayLike) -> jax.Array:
       >>> print(apply_matrix_scaling(params, jnp.array([[1.0, 1.0]])))
       [[1.5 1. ]]
     """
-    logits = jnp.asarray(logits)
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    logits = _core.upcast(logits)
     return apply_matrix_params(params, logits)
 
 

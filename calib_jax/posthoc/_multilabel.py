@@ -37,7 +37,7 @@ from calib_jax.posthoc import _base, _core, _validate
 FORMAT = "calib_jax.posthoc.MultilabelTemperature"
 FORMAT_VERSION = 1
 NAME = "ts:multilabel"
-_HEADER = "__header__"
+_HEADER = _base.HEADER
 _AUX = ("nll", "nll_at_t1", "num_iter")
 
 
@@ -363,14 +363,7 @@ class MultilabelTemperature:
         for key in _AUX:
             if self.aux is not None and key in self.aux:
                 arrays[key] = np.asarray(self.aux[key])
-        buffer = io.BytesIO()
-        np.savez(buffer, **{_HEADER: np.array(json.dumps(header))}, **arrays)
-        storage.make_dirs(path.parent)
-        try:
-            storage.write_bytes(path, buffer.getvalue(), exclusive=not overwrite)
-        except FileExistsError:
-            msg = f"{path} already exists; pass overwrite=True to replace it."
-            raise ValueError(msg) from None
+        _base.write_archive(path, header, arrays, overwrite=overwrite)
 
     @classmethod
     def load(cls, path) -> MultilabelTemperature:
@@ -403,15 +396,9 @@ class MultilabelTemperature:
             raise ValueError(
                 f"{path} is not a saved multi-label calibrator ({type(err).__name__})."
             ) from None
-        if kind != FORMAT:
-            raise ValueError(
-                f"{path} holds a saved object of kind {kind!r}, expected {FORMAT!r}."
-            )
-        if version != FORMAT_VERSION:
-            raise ValueError(
-                f"{path} was saved in {FORMAT} format version {version!r}; this "
-                f"calib_jax reads version {FORMAT_VERSION}."
-            )
+        _base.check_format(
+            path, kind, version, expected=FORMAT, expected_version=FORMAT_VERSION
+        )
         t = arrays.get("temperatures")
         num_labels = header.get("num_labels")
         if t is None or t.dtype.kind != "f" or t.shape != (num_labels,):

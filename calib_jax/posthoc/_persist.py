@@ -46,14 +46,14 @@ import numpy as np
 from etils import epath
 
 from calib_jax import storage
-from calib_jax.posthoc import _methods
+from calib_jax.posthoc import _base, _methods
 
 FORMAT = "calib_jax.posthoc.Calibrator"
 FORMAT_VERSION = 1
-_HEADER = "__header__"
+_HEADER = _base.HEADER
 
 
-def _base(name: str) -> str:
+def _family(name: str) -> str:
     """``'ts'`` of ``'ts:nll+classwise'``, ``'isotonic'`` of
     ``'isotonic(one_vs_rest)'``."""
     for sep in ":(+":
@@ -63,7 +63,7 @@ def _base(name: str) -> str:
 
 def _name_fits(name, key: str) -> bool:
     """Whether a registry name can have the calibration map ``key``."""
-    if not isinstance(name, str) or _base(name) != _base(key):
+    if not isinstance(name, str) or _family(name) != _family(key):
         return False
     variant = name.partition("(")[2].partition(")")[0]
     return not variant or variant == key.partition("(")[2].partition(")")[0]
@@ -206,14 +206,7 @@ def save(calibrator, path, *, overwrite: bool = False) -> None:
         "params": _encode(calibrator.params, "p", arrays),
         "aux": _encode(calibrator.aux, "a", arrays),
     }
-    buffer = io.BytesIO()
-    np.savez(buffer, **{_HEADER: np.array(json.dumps(header))}, **arrays)
-    storage.make_dirs(path.parent)
-    try:
-        storage.write_bytes(path, buffer.getvalue(), exclusive=not overwrite)
-    except FileExistsError:
-        msg = f"{path} already exists; pass overwrite=True to replace it."
-        raise ValueError(msg) from None
+    _base.write_archive(path, header, arrays, overwrite=overwrite)
 
 
 def read(path, *, name: str | None = None):
@@ -250,15 +243,9 @@ def read(path, *, name: str | None = None):
         zipfile.BadZipFile,
     ):
         raise ValueError(f"{path} has an unreadable {_HEADER} entry.") from None
-    if kind != FORMAT:
-        raise ValueError(
-            f"{path} holds a saved object of kind {kind!r}, expected {FORMAT!r}."
-        )
-    if version != FORMAT_VERSION:
-        raise ValueError(
-            f"{path} was saved in {FORMAT} format version {version!r}; this "
-            f"calib_jax reads version {FORMAT_VERSION}."
-        )
+    _base.check_format(
+        path, kind, version, expected=FORMAT, expected_version=FORMAT_VERSION
+    )
     maps = _methods.MAPS
     key = header.get("apply")
     if not isinstance(key, str) or key not in maps:

@@ -78,8 +78,7 @@ def apply_pts(params, logits: jax.typing.ArrayLike) -> jax.Array:
       >>> bool((apply_pts(params, z).argmax(1) == z.argmax(1)).all())
       True
     """
-    logits = jnp.asarray(logits)
-    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    logits = _core.upcast(logits)
     return logits / sample_temperatures(params, logits)[:, None]
 
 

@@ -57,7 +57,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from calib_jax import _checks, chunks, progress
-from calib_jax.posthoc import _calibrator, _chunk_steps, _methods, _replay, _validate
+from calib_jax.posthoc import _calibrator, _chunk_steps, _methods, _replay
+from calib_jax.posthoc import _temperature_fit, _validate
 
 #: The registry names :func:`fit_of_chunks` fits.
 STREAMED = ("ts", "ts:nll", "ts:sb_ece")
@@ -300,11 +301,7 @@ def fit_of_chunks(
     max_iter = _checks.check_positive_int("max_iter", max_iter)
     _checks.check_nonnegative("tol", tol)
     num_bins = _checks.check_num_bins(num_bins)
-    _checks.check_choice("sb_kind", sb_kind, ("lb", "bin"))
-    _checks.check_positive("sb_temperature", sb_temperature)
-    if p is not None and not float(p) >= 1:
-        raise ValueError(f"p must be >= 1, got {p}.")
-    p = 2.0 if p is None else float(p)
+    p = float(_temperature_fit.check_sb_options(p, sb_temperature, sb_kind))
     _check_reiterable(source)
     source = chunks.as_source(
         source,

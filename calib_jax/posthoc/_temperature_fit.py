@@ -201,6 +201,20 @@ def fit_temperature(
     return t
 
 
+def check_sb_options(p, sb_temperature, sb_kind):
+    """The SB-ECE objective's options, checked (one-line ValueErrors naming
+    the option); returns ``p``, None meaning the default 2.
+
+    Shared by :func:`fit_temperature` and
+    :func:`calib_jax.posthoc.fit_of_chunks`; traced values pass unchecked.
+    """
+    _checks.check_choice("sb_kind", sb_kind, ("lb", "bin"))
+    _checks.check_positive("sb_temperature", sb_temperature)
+    if p is not None and _checks.is_concrete(p) and not float(p) >= 1:
+        raise ValueError(f"p must be >= 1, got {p}.")
+    return 2.0 if p is None else p
+
+
 def _dispatch(
     logits,
     labels,
@@ -223,18 +237,14 @@ def _dispatch(
     if objective == "nll":
         return _temperature.fit_nll(logits, labels, where, tol, max_iter=max_iter)
     if objective == "sb_ece":
-        _checks.check_choice("sb_kind", sb_kind, ("lb", "bin"))
-        if _checks.is_concrete(sb_temperature) and not float(sb_temperature) > 0:
-            raise ValueError(f"sb_temperature must be > 0, got {sb_temperature}.")
-        if p is not None and _checks.is_concrete(p) and not float(p) >= 1:
-            raise ValueError(f"p must be >= 1, got {p}.")
+        p = check_sb_options(p, sb_temperature, sb_kind)
         return _fit_sb_ece(
             logits,
             labels,
             where,
             tol,
             sb_temperature,
-            2.0 if p is None else p,
+            p,
             max_iter=max_iter,
             num_bins=num_bins,
             kind=sb_kind,

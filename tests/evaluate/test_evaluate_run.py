@@ -191,6 +191,7 @@ def test_workdir_without_what_is_asked_for_is_one_line(
     assert not (run / "evaluate").exists()
 
 
+@pytest.mark.long
 def test_out_may_not_be_the_run_itself_and_config_must_be_the_runs(tmp_path):
     run = tmp_path / "run"
     _logits_only_run(run, ["val", "test"])

@@ -296,6 +296,7 @@ def test_misaligned_labels_warn_in_one_line_per_fit(tmp_path, capsys):
     ]
 
 
+@pytest.mark.long
 def test_progress_is_one_line_per_interval_off_a_terminal(
     tmp_path, capsys, monkeypatch, progress_shown
 ):

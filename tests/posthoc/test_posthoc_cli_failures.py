@@ -99,6 +99,7 @@ def test_a_full_disk_leaves_no_output_and_the_rerun_works(
         assert f["logits"].shape == (N, K)
 
 
+@pytest.mark.long
 def test_ctrl_c_is_one_line_and_leaves_no_output(inputs, tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     # While fitting: nothing was written yet.
@@ -137,6 +138,7 @@ runpy.run_module("calib_jax.posthoc", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.long
 def test_ctrl_c_ends_the_command_with_status_130(inputs, tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     argv = ["--val", inputs / "val.npz", "--test", inputs / "test.npz"]

@@ -60,6 +60,7 @@ def _placed(z, y, batch):
 _STEP = jax.jit(lambda state, images: images + 0.0)
 
 
+@pytest.mark.long
 def test_scoring_batches_on_device_equals_scoring_the_gathered_logits():
     # Sets of one size compile each metric once. [500, 10] is reduced on the
     # large path of XLA:CPU: the [8, 10] rows of each device are padded

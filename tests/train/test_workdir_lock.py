@@ -75,6 +75,7 @@ def test_a_held_lock_refuses_another_run_and_a_killed_holder_leaves_none(
     workdir_lib.lock(tmp_path).release()  # released at the end of the block
 
 
+@pytest.mark.long
 def test_the_trainer_refuses_a_workdir_in_use_in_one_line(tmp_path, holder):
     proc = holder(tmp_path)
     result = _cli.run(

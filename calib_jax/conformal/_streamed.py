@@ -214,7 +214,6 @@ def fit_of_chunks(
             f"{jax.random.key_impl(key)} key, partitionable="
             f"{jax.config.jax_threefry_partitionable}); pass shard paths instead."
         )
-    score_fn = _predictor.scores_core
     scores, labels, small, pending = [], [], [], None
     rows = start = k = 0
     for chunk in source:
@@ -235,7 +234,7 @@ def fit_of_chunks(
             _collect(*pending, scores)
         x = jnp.asarray(x)
         u = uniforms.take(start, rows) if randomized else None
-        step = score_fn(name, x, jnp.asarray(y), u, lam, k_reg=k_reg)
+        step = _predictor.scores_core(name, x, jnp.asarray(y), u, lam, k_reg=k_reg)
         pending = (chunk, step, _nonfinite(x, valid))
         if mondrian:
             labels.append(y[: chunk.x.shape[0]])
@@ -248,7 +247,11 @@ def fit_of_chunks(
         # in-memory fit (whose array is on XLA's other code path too).
         x, y = (np.concatenate(part) for part in zip(*small))
         u = _predictor.uniforms(key, start, jnp.float32) if randomized else None
-        scores = [score_fn(name, jnp.asarray(x), jnp.asarray(y), u, lam, k_reg=k_reg)]
+        scores = [
+            _predictor.scores_core(
+                name, jnp.asarray(x), jnp.asarray(y), u, lam, k_reg=k_reg
+            )
+        ]
     scores = jnp.asarray(np.concatenate(scores))
     fitted = {
         "num_classes": k,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import _reference_metrics as ref
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from metrics._cases import (
     all_cases,
@@ -10,7 +13,8 @@ from metrics._cases import (
     padded_case,
 )
 
-from calib_jax import metrics
+from calib_jax import kernels, metrics
+from calib_jax.metrics import _aurc
 
 CASES = all_cases()
 
@@ -34,7 +38,6 @@ def test_eaurc_geifman_closed_form():
 def _aurc_by_groups(conf, err):
     """Float64 AURC, ties by expectation: sum over positions of the mean
     error rate so far (vectorised form of ``ref._aurc_of_errors``)."""
-    import numpy as np
 
     conf, err = np.asarray(conf, np.float64), np.asarray(err, np.float64)
     n = conf.size
@@ -54,8 +57,6 @@ def test_aurc_tie_groups_deep_in_the_ranking(pile):
     """Groups of ties at every depth (the closed-form group weight's series
     branch from 16 rows above), confidences piled at exactly 1.0 and in
     [0.9999, 1), as a confident classifier's float32 softmax gives."""
-    import jax.numpy as jnp
-    import numpy as np
 
     rng = np.random.default_rng(7)
     n = 20_000
@@ -76,11 +77,6 @@ def test_position_and_group_weights_hold_float32_precision_at_the_bottom():
     the mean weight of a tie group there) keep float32 relative precision at
     n = 10^6 rather than cancelling two digammas near ln n (which lost up to
     1e-2 relative, and 1e-6 of the AURC of a 20k-row split)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from calib_jax.metrics import _aurc
 
     n = 1_000_000
     harmonic = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, n + 1))])
@@ -105,7 +101,6 @@ def _tie_heavy(rng, n, pile):
     """Top-label rows of a confident classifier: confidences piled at 1.0 and
     in [0.9999, 1), rounded ones (groups of ties at every depth), errors
     more likely at low confidence."""
-    import numpy as np
 
     conf = rng.choice(np.float32(1.0) - np.arange(300, dtype=np.float32) * 3e-7, n)
     conf = np.where(rng.random(n) < 0.5, np.round(rng.random(n), 3), conf)
@@ -122,12 +117,6 @@ def test_aurc_tpu_column_form_equals_the_flat_form(n):
     """The tie groups from packed keys in ``[128, N/128]`` columns (what a
     TPU runs) against the float64 group expectation and the CPU's
     flat form: both sort forms, excluded rows, sizes around the lane count."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from calib_jax import kernels
-    from calib_jax.metrics import _aurc
 
     rng = np.random.default_rng(n)
     conf, err = _tie_heavy(rng, n, 0.3)

@@ -1,31 +1,6 @@
-r"""Smooth ECE (Błasiok and Nakkiran) and its smoothed reliability curve.
-
-The residuals :math:`y_i - f_i` are smoothed with a Gaussian kernel reflected
-at 0 and 1; the smooth ECE at scale :math:`\sigma` is the integral over
-:math:`[0, 1]` of the absolute smoothed residual, and the metric's own scale
-is the fixed point :math:`\sigma^*` where that integral equals
-:math:`\sigma^*`. Computation (jittable, no host loop):
-
-1. *Smooth rounding*: each :math:`f_i` is split linearly between its two
-   neighbours on the grid :math:`t_j = j/(M - 1)` (``relplot``'s
-   discretisation; mass and mean position kept exactly).
-2. *Reflected smoothing in Fourier space*: the reflected Gaussian is the
-   heat kernel with Neumann boundaries, diagonal in the cosine basis,
-
-   .. math::
-
-       K^R_\sigma(t, u) = \sum_{m \in \mathbb{Z}}
-       \big[\varphi_\sigma(t - u - 2m) + \varphi_\sigma(t + u - 2m)\big]
-       = 1 + 2\sum_{\omega \ge 1} e^{-\sigma^2\pi^2\omega^2/2}
-       \cos(\pi\omega t)\cos(\pi\omega u),
-
-   so the grid masses, extended evenly to a circle of :math:`2(M - 1)`
-   points, take one real FFT, and each scale one multiplication and one
-   inverse FFT (aliasing below :math:`e^{-\sigma^2\pi^2(M-1)^2/2}`).
-3. The integral over :math:`[0, 1]` is the trapezoid rule on the grid.
-4. :math:`\sigma^*` by bisection on :math:`[10^{-3}, 1]` (``relplot``'s
-   bracket) with a fixed number of steps.
-"""
+r"""Smooth ECE (Błasiok and Nakkiran) and its smoothed reliability curve: grid
+masses smoothed with the reflected Gaussian in Fourier space, the fixed-point scale
+by bisection (``docs/metrics.md``, "Smooth ECE")."""
 
 from __future__ import annotations
 
@@ -42,18 +17,14 @@ from calib_jax.metrics import _common, _inputs, _smooth_relplot, _validate
 
 TARGETS = ("top_label", "binary")
 CONVENTIONS = ("exact", "relplot")
-# Default grid: 2**13 + 1 points, spacing 2**-13 ~ 1.2e-4 (<= sigma/8 on the
-# whole bisection bracket; relplot refines its grid to <= sigma/20 only from
-# 200 points upwards, so it is coarser for sigma > 1e-3 * 20 / 8).
+# Spacing 2**-13 ~ 1.2e-4: <= sigma/8 on the whole bisection bracket.
 DEFAULT_NUM_POINTS = 8193
-# Bisection bracket of the fixed-point scale, as relplot's search (its
-# ``eps = 0.001`` floor and upper end 1).
+# relplot's bracket of the fixed-point scale (its ``eps = 0.001`` and 1).
 SIGMA_MIN = 1e-3
 SIGMA_MAX = 1.0
 BISECTION_STEPS = 30
-# Smoothed density (per unit confidence) below which the reliability curve is
-# undefined (NaN): float32 FFT round-off of the density is ~1e-6 of its
-# maximum, so ratios below this are noise.
+# Relative density below which the curve is NaN: float32 FFT round-off of the
+# density is ~1e-6 of its maximum.
 _DENSITY_FLOOR = 1e-5
 
 
@@ -108,10 +79,10 @@ def _spectrum(masses):
 
 
 def _smoothed(spectrum, sigma, num_points):
-    r"""Smoothed densities at the grid points: ``[M, C]``.
+    r"""Smoothed densities ``s(t_j) = sum_k rho_k K^R_sigma(t_j, t_k)``, ``[M, C]``.
 
-    ``s(t_j) = sum_k rho_k K^R_sigma(t_j, t_k)``; the DFT of the sampled
-    period-2 Gaussian is ``(L / 2) exp(-sigma^2 pi^2 omega^2 / 2)``.
+    Exact: the reflected Gaussian is diagonal in the cosine basis, and the DFT of
+    the sampled period-2 Gaussian is ``(L / 2) exp(-sigma^2 pi^2 omega^2 / 2)``.
     """
     length = 2 * (num_points - 1)
     omega = jnp.arange(spectrum.shape[0], dtype=jnp.float32)
@@ -149,8 +120,7 @@ def _grid_spectrum(probs, labels, where, target, num_points, channels):
     valid = _common.mask_or_ones(where, f.shape[0])
     n = jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0)
     columns = {"residual": y - f, "count": jnp.ones_like(f)}
-    # f is clipped to [0, 1]: probabilities may exceed 1 by the simplex
-    # tolerance.
+    # Probabilities may exceed 1 by the simplex tolerance.
     u = jnp.clip(f, 0.0, 1.0) * (num_points - 1)
     values = [jnp.where(valid, columns[c] / n, 0.0) for c in channels]
     return _spectrum(_smooth_relplot.deposit(u, num_points - 1, values, num_points))
@@ -186,8 +156,7 @@ def _curve_core(probs, labels, where, bandwidth, target, num_points):
 
 
 def _prepare(probs, labels, where, bandwidth, target, num_points, from_logits, name):
-    """Checked ``(x, labels, where, bw, num_points)``: ``x`` probabilities, or
-    top-label rows with ``labels`` None (from logits or given)."""
+    """Checked ``(x, labels, where, bw, num_points)``; ``labels`` None for rows."""
     _checks.check_choice("target", target, TARGETS)
     form = _inputs.input_form(probs, labels, from_logits=from_logits, metric=name)
     if target == "binary" and form == _inputs.ROWS:
@@ -248,23 +217,11 @@ def smooth_ece(
     (K = 2 only) uses :math:`f_i = p_{i1}` and :math:`y_i = [y_i = 1]`, the
     binary setting of [1].
 
-    Discretisation: the predictions are linearly split between the two
-    nearest points of a uniform grid of ``num_points`` points on [0, 1]
-    (``relplot``'s "smooth rounding"), smoothed exactly on the grid in
-    Fourier space, and integrated with the trapezoid rule; :math:`\sigma^*`
-    is found by 30 bisection steps on :math:`[10^{-3}, 1]` and the
-    returned value is :math:`\mathrm{smECE}` at the upper end of the final
-    bracket.
-
-    ``convention='relplot'`` reproduces ``relplot.smECE`` /
-    ``relplot.smECE_sigma`` 1.0.3 as released ([2]; to about 1e-7 in
-    tests): its two grids, its reflection about the end points *without
-    repeating them* (a prediction at exactly 0 or 1 keeps half its kernel
-    mass, which raises the value when many confidences are exactly 1.0;
-    ``docs/metrics.md``), its kernel cut at distance 0.5, its density floor
-    ``1e-4`` and its 10-step bisection on [0, 1] keeping the upper end. A
-    traced ``bandwidth`` uses relplot's grids of :math:`\max(\sigma,
-    10^{-3})`.
+    The predictions are split linearly between the two nearest points of a
+    grid of ``num_points`` points, smoothed exactly on it and integrated with
+    the trapezoid rule; :math:`\sigma^*` comes from 30 bisection steps on
+    :math:`[10^{-3}, 1]` (the upper end of the final bracket). Grid, accuracy
+    and the ``'relplot'`` convention: ``docs/metrics.md``, "Smooth ECE".
 
     Args:
       probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
@@ -281,9 +238,11 @@ def smooth_ece(
       from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
         float32), read without a softmax of the whole array (``docs/metrics.md``,
         "Logits and top-label rows in").
-      convention: ``'exact'`` (default; the kernel reflected exactly, as
-        described above) or ``'relplot'`` (relplot 1.0.3's discretisation;
-        ``num_points`` is then unused).
+      convention: ``'exact'`` (default) or ``'relplot'``: ``relplot.smECE``
+        1.0.3 as released ([2]; its grids, its reflection that keeps half the
+        kernel mass of a prediction at exactly 0 or 1, its 10-step search);
+        ``num_points`` is then unused and a traced ``bandwidth`` uses
+        relplot's grids of :math:`\max(\sigma, 10^{-3})`.
 
     Returns:
       float32 scalar in [0, 1].
@@ -336,16 +295,11 @@ def smooth_reliability(
     and ``bandwidth`` (scalars: the value of :func:`smooth_ece` and the scale
     :math:`\sigma` used).
 
-    The curve is the prediction plus its Nadaraya-Watson smoothed residual,
-    so the gap to the diagonal weighted by the density integrates to the
-    smooth ECE (:math:`\int |\mathrm{accuracy}(t) - t|\,\hat\delta(t)\,dt =
-    \mathrm{smECE}_\sigma`, the property of the smooth reliability diagram
-    in [1]);
-    ``relplot`` plots the kernel regression of :math:`y` instead, which
-    differs from it by the smoothing bias of the predictions
-    (:math:`O(\sigma^2)` inside the interval). Where the density is below
-    :math:`10^{-5}` of its maximum (no data within several :math:`\sigma`)
-    the curve is NaN.
+    The gap to the diagonal weighted by the density integrates to the smooth
+    ECE (:math:`\int |\mathrm{accuracy}(t) - t|\,\hat\delta(t)\,dt =
+    \mathrm{smECE}_\sigma`, as in [1]); ``relplot`` plots the kernel
+    regression of :math:`y` instead. Where the density is below
+    :math:`10^{-5}` of its maximum the curve is NaN.
 
     Args as :func:`smooth_ece`.
 

@@ -1,8 +1,5 @@
-r"""``smooth_ece(..., convention='relplot')``: relplot 1.0.3's smECE and
-smECE_sigma as released (the package of Błasiok and Nakkiran, ICLR 2024,
-arXiv:2309.12236v1; github.com/apple/ml-calibration), on grids of dynamic
-size so that the bandwidth search stays jittable, and the "smooth rounding"
-to a grid that the exact convention (``_smooth.py``) shares."""
+r"""``smooth_ece(..., convention='relplot')``: relplot 1.0.3's smECE as released, on
+grids of dynamic size (jittable search), and the grid rounding ``_smooth`` shares."""
 
 from __future__ import annotations
 
@@ -18,11 +15,7 @@ from calib_jax.metrics import _common
 
 
 def predictions(probs, labels, target):
-    """``(f, y)``: the predicted probability in [0, 1] and the 0/1 outcome.
-
-    ``probs`` may be top-label rows ``(confidence, correct)`` with ``labels``
-    None (``calib_jax.metrics.TopLabelRows``).
-    """
+    """``(f, y)``: prediction and 0/1 outcome; top-label rows when ``labels`` None."""
     if labels is None:
         conf, correct = probs
         return conf.astype(jnp.float32), correct.astype(jnp.float32)
@@ -38,8 +31,7 @@ def deposit(u, top, columns, size):
 
     Sample ``i`` at grid position ``u_i`` puts ``(1 - frac) v_i`` on point
     ``lo = floor(u_i)`` (clipped to ``[0, top - 1]``) and ``frac v_i`` on
-    ``lo + 1``, for each ``[N]`` column ``v`` (one 1-D scatter per column:
-    an ``[N, C]`` array with a short last axis is padded on a TPU).
+    ``lo + 1``, for each ``[N]`` column ``v``.
     """
     lo = jnp.clip(jnp.floor(u), 0.0, top - 1.0)
     frac = u - lo
@@ -51,25 +43,17 @@ def deposit(u, top, columns, size):
     return jnp.stack(sums, axis=1)
 
 
-# smECE's ``eps``: a bandwidth below it satisfies the search predicate
-# without an evaluation.
+# smECE's ``eps``: a bandwidth below it satisfies the search predicate unevaluated.
 _RELPLOT_EPS = 1e-3
-# search_param's ``refine``: bisection steps on [0, 1].
 _RELPLOT_STEPS = 10
-# The smallest bisection midpoint that is evaluated: 1/1024 < eps is not,
-# so every evaluated scale is a multiple of 1/1024 of at least 2/1024.
+# The smallest evaluated bisection midpoint (1/1024 < eps is not evaluated).
 _RELPLOT_MIN_EVAL = 2.0 / 1024
 # The scale whose grids bound those of a traced fixed bandwidth.
 _RELPLOT_MIN_TRACED = 1e-3
 
 
 def relplot_grid_sizes(sigma: float) -> tuple[int, int]:
-    """relplot's two grids at scale ``sigma``: ``(E, T)``.
-
-    ``E`` = ``max(2000, round(20/sigma)) // 2 + 1`` points for the
-    smoothing (``GaussianKernel.apply``), ``T`` = ``max(round(10/sigma),
-    200)`` evaluation points for the integral (``metrics.smooth_ece``).
-    """
+    """relplot's ``(E, T)``: smoothing grid points and integral evaluation points."""
     return max(2000, round(20 / sigma)) // 2 + 1, max(round(10 / sigma), 200)
 
 

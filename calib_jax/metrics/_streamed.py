@@ -1,46 +1,6 @@
-r"""The reported metrics over a sequence of chunks: :func:`summary_of_chunks`.
-
-:func:`calib_jax.metrics.summary` needs the whole ``[N, K]`` array; here it
-arrives a chunk at a time (:mod:`calib_jax.chunks`: an iterator of arrays, or
-``.npz``/``.npy`` shards, local or ``gs://``) and memory stays bounded by the
-chunk plus ``O(N)`` per-row scalars:
-
-- per chunk, one jitted function (compiled once: every chunk has the rows of
-  the first, the last one padded and masked with ``where``) computes the
-  mergeable statistics: the class-wise per-bin sums of ``classwise_ece``
-  (:class:`~calib_jax.metrics.BinnedStats` with ``classwise=True``, added on
-  the device), the sums of the per-row NLL and Brier score, and the per-row
-  top-label confidence and correctness (:class:`~calib_jax.metrics.TopLabelRows`,
-  5 bytes a row). Logits (``from_logits=True``) go through one fused pass
-  of row reductions (:func:`_logit_rows.fused_rows`: one row maximum and
-  one exponential per logit for the confidence ``1/s``, the correctness,
-  the label's log-probability, the Brier row and the finiteness; the
-  confidence and correctness from the very reductions of every metric's
-  ``from_logits=True``, so the same bits), and through a softmax of the
-  chunk only for the class-wise bins;
-- shard chunks are read into memory by a background thread, ``PREFETCH``
-  chunks ahead (:func:`calib_jax.chunks.prefetched`), and ``IN_FLIGHT``
-  chunk steps are dispatched before the host waits for the oldest one's
-  results: the read, the host's work and two steps overlap (two cores);
-- the top-label metrics (``accuracy``, ``ece``, ``ece_l2_em``,
-  ``adaptive_ece``, ``ks_error``, ``aurc``) are then computed once from the
-  ``N`` collected ``(confidence, correct)`` rows (STYLE.md: sort-based
-  metrics collect them on the host, once per split), by the very metric
-  functions of :func:`~calib_jax.metrics.summary` on ``TopLabelRows``: equal
-  to the in-memory values bit for bit, equal-mass bins and order statistics
-  included, whenever the chunk's rows equal the whole array's. For
-  probabilities they always do (the confidence is an entry); for logits
-  XLA:CPU computes the exponentials of arrays under about 4,800 entries on
-  another code path (a last-ulp difference of ``1/s`` in a third of the rows
-  of ``[400, 10]`` chunks of a ``[1000, 10]`` array, none from ``[480, 10]``
-  on), so chunks of a large label space are exact and tiny chunks of a
-  10-class problem are not.
-
-Class-wise ECE, NLL and Brier come from float32 sums added in another order
-than one pass over ``[N, K]`` (chunk partials, the scalars added in float64
-on the host), so they equal the in-memory values to float32 rounding
-(about 1e-6 relative); the counts are exact.
-"""
+r""":func:`summary_of_chunks`: :func:`calib_jax.metrics.summary` over chunks, with
+mergeable sums per chunk and the top-label metrics from the collected per-row
+``(confidence, correct)`` (``docs/streaming.md``)."""
 
 from __future__ import annotations
 
@@ -63,9 +23,8 @@ from calib_jax.metrics import (
     _validate,
 )
 
-# Chunks read ahead by the source's background thread, and chunk steps the
-# device may run at once (the host waits for the oldest before it starts
-# another): memory stays bounded by a few chunks.
+# Chunks read ahead by the source's thread, and chunk steps in flight at once:
+# memory stays bounded by a few chunks.
 PREFETCH = 2
 IN_FLIGHT = 2
 
@@ -74,8 +33,7 @@ ROW_METRICS = ("accuracy", "ece", "ece_l2_em", "adaptive_ece", "ks_error", "aurc
 
 
 def _per_row(probs, labels):
-    """Per-row NLL and Brier score of probabilities, as ``metrics.nll`` and
-    ``metrics.brier`` compute them before their mean."""
+    """Per-row NLL and Brier score, as ``metrics.nll`` and ``metrics.brier``."""
     p_label = _common.label_prob(probs, labels)
     tiny = jnp.finfo(p_label.dtype).tiny
     nll = -jnp.log(jnp.maximum(p_label, tiny))
@@ -98,26 +56,19 @@ def chunk_step(stats, x, labels, valid, num_bins, convention, from_logits, class
 
     Returns:
       ``(stats, rows, sums, checks)``: ``stats`` merged with this chunk's;
-      ``rows = (conf [R], correct bool [R])`` (:func:`_inputs.rows_from_logits`
-      or the confidence in the dtype of the probabilities); ``sums = (nll, brier)``
-      float32 sums over the chunk's included rows; ``checks = (count, first)``
-      of included rows that fail the value checks (logits: NaN/inf; probabilities:
-      the screen of :func:`calib_jax.metrics._validate.probs_summary`).
+      ``rows = (conf [R], correct bool [R])``; ``sums = (nll, brier)`` float32
+      sums over included rows; ``checks = (count, first)`` of included rows
+      failing the value checks (NaN/inf logits; the probabilities' screen).
     """
     dtype = x.dtype
     if from_logits:
-        # One fused pass of row reductions (one row maximum, one exponential
-        # per logit); the confidence and correctness are the bits of every
-        # metric's from_logits=True (_inputs.rows_from_logits), the NLL and
-        # Brier rows theirs to float32 rounding. The softmax only for the
-        # class-wise bins.
+        # The confidence and correctness bits of every metric's from_logits=True.
         conf, correct, log_p, brier, finite = _logit_rows.fused_rows(x, labels)
         bad = valid & ~finite
         nll = -log_p
         probs = _inputs.softmax(x) if classwise else None
     else:
-        # The metrics' value screen (``_validate.probs_summary``), per row, from
-        # the row sums of the top-label reduction itself.
+        # _validate.probs_summary's screen, per row.
         probs = _common.as_float(x)
         conf, correct, screened = _common.top_label(probs, labels, screen=True)
         conf = conf.astype(dtype)  # as _inputs.rows_from_probs (exact: an entry)
@@ -139,10 +90,9 @@ def chunk_step(stats, x, labels, valid, num_bins, convention, from_logits, class
 
 @jax.jit
 def _explain_rows(x, valid, tol):
-    """The first included row of probabilities that fails the exact value
-    checks (``_validate.explain``'s): ``(row, kind, value)`` with ``kind`` 0
-    for none, 1 NaN/inf, 2 an entry outside ``[0, 1 + tol]`` (``value`` the
-    entry), 3 a row sum off 1 by more than ``tol`` (``value`` the sum)."""
+    """``(row, kind, value)`` of the first included row failing the exact checks:
+    ``kind`` 0 none, 1 NaN/inf, 2 an entry outside ``[0, 1 + tol]`` (``value``
+    the entry), 3 a row sum off 1 by more than ``tol`` (``value`` the sum)."""
     x = _common.as_float(x)
     finite = jnp.all(jnp.isfinite(x), axis=1)
     low, high = jnp.min(x, axis=1), jnp.max(x, axis=1)
@@ -186,10 +136,7 @@ def _raise_for_chunk(chunk, x, valid, count, first, from_logits, dtype) -> None:
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _row_metrics(conf, correct, names, num_bins):
-    """The top-label summary metrics of ``N`` rows ``(confidence, correct)``:
-    the functions of :func:`_summary.summary_functions` on
-    :class:`~calib_jax.metrics.TopLabelRows` (traced: no value checks; the
-    chunks were checked)."""
+    """The top-label summary metrics of the collected rows (checked per chunk)."""
     functions = _summary.summary_functions(num_bins)
     rows = _inputs.TopLabelRows(conf, correct)
     return tuple(functions[k](rows, None) for k in names)
@@ -206,20 +153,15 @@ def summary_of_chunks(
 ) -> dict[str, jax.Array]:
     r""":func:`calib_jax.metrics.summary` of scores that arrive in chunks.
 
-    The same dict, over every row of every chunk, with memory bounded by a
-    few chunks (``chunk_rows`` rows of ``K`` classes: two read ahead by a
-    background thread from shards, the current one and two whose steps are
-    in flight) plus 5 bytes per row. The metrics and their conventions are those
-    of :data:`~calib_jax.metrics.SUMMARY_METRICS` (see
-    :func:`~calib_jax.metrics.summary` for the equations and references):
-    ``accuracy``, ``ece``, ``ece_l2_em``, ``adaptive_ece``, ``ks_error`` and
-    ``aurc`` equal the in-memory values bit for bit (from the collected
-    per-row confidence and correctness, exact equal-mass bins and order
-    statistics, no approximation); ``classwise_ece``, ``nll`` and ``brier``
-    come from per-chunk sums, equal to float32 rounding. With
-    ``from_logits`` the values are those of ``summary(logits, labels,
-    from_logits=True)``, computed one chunk at a time on the device (the
-    module docstring says when XLA's rounding of small chunks differs).
+    The same dict over every row of every chunk, with memory bounded by a few
+    chunks plus 5 bytes per row; equations and references as
+    :func:`~calib_jax.metrics.summary`. ``accuracy``, ``ece``, ``ece_l2_em``,
+    ``adaptive_ece``, ``ks_error`` and ``aurc`` equal the in-memory values bit
+    for bit (from the collected per-row confidence and correctness);
+    ``classwise_ece``, ``nll`` and ``brier`` come from per-chunk sums, equal
+    to float32 rounding. For logits XLA:CPU rounds the exponentials of chunks
+    under about 4,800 entries differently (a last-ulp difference of the
+    confidence), so tiny chunks of a 10-class problem are not bit for bit.
 
     Args:
       source: a :class:`calib_jax.chunks.ChunkSource`; or what it takes: an
@@ -284,11 +226,7 @@ def summary_of_chunks(
                     m, convention=convention, num_classes=k
                 )
         x, labels, valid = chunks.padded(chunk, rows)
-        # The oldest step's results, once IN_FLIGHT steps are dispatched: the
-        # device computed them while the host read this chunk (and the source's
-        # thread the next ones). Waiting for them keeps at most IN_FLIGHT steps
-        # and their chunks in flight (the memory bound: their chunks and
-        # temporaries) while two steps can use two cores.
+        # Waiting for the oldest step bounds memory to IN_FLIGHT steps' chunks.
         if len(pending) == IN_FLIGHT:
             state.add(*pending.popleft())
         stats, *out = chunk_step(

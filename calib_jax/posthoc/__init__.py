@@ -1,15 +1,11 @@
-"""Post-hoc calibrators as pure functions: temperature scaling (NLL, SB-ECE,
-HB-ECE search, ECE grid), ETS, PTS, CTS, vector/matrix scaling, Dirichlet
-calibration with ODIR, class-wise loss scaling, histogram binning, isotonic
-regression, (K = 2) Platt and Beta calibration, and per-label temperature
-scaling of multi-label sigmoid logits (:func:`fit_multilabel_temperature`).
+"""Post-hoc calibrators as pure functions: temperature scaling (four
+objectives), ETS, PTS, CTS, vector/matrix scaling, Dirichlet calibration,
+class-wise loss scaling, histogram binning, isotonic regression, Platt and Beta
+calibration (K = 2) and per-label multi-label temperature scaling.
 
-Every fitter takes validation logits ``[N, K]``, labels ``[N]`` and an
-optional ``where`` mask and returns parameters; the matching ``apply_*``
-function maps logits to calibrated logits. ``fit(name, logits, labels)``
-returns a :class:`Calibrator` pytree for the registry path (and the CLI,
-``python -m calib_jax.posthoc``); ``Calibrator.save(path)`` and
-:func:`load` store and restore it exactly.
+``fit_<name>(logits, labels, *, where=None)`` returns parameters and
+``apply_<name>`` maps logits to calibrated logits; ``fit(name, ...)`` returns a
+saveable :class:`Calibrator`. Conventions: ``docs/posthoc.md``.
 """
 
 from calib_jax.posthoc._binary import apply_beta, apply_platt, fit_beta, fit_platt

@@ -1,7 +1,5 @@
-"""Shared by the post-hoc method modules: the :class:`Method` description of a
-trainable calibration map, the checks of a parameter tree against the map that
-reads it, the host-side summary of fitted parameters, and the ``.npz``
-archive (a JSON header beside the arrays) that saved calibrators are."""
+"""Shared by the post-hoc methods: :class:`Method`, parameter-tree checks, the
+parameter summary and the ``.npz`` archive of saved calibrators."""
 
 from __future__ import annotations
 
@@ -21,11 +19,8 @@ HEADER = "__header__"
 
 
 def summarize(*trees) -> dict[str, Any]:
-    """Host-side summary of parameter pytrees (JSON-serialisable).
-
-    Scalars are reported as floats; arrays by shape, mean, min and max;
-    small vectors (at most 8 entries) in full. None trees are skipped.
-    """
+    """JSON summary of parameter pytrees: scalars, vectors of up to 8 entries
+    in full, other arrays by shape, mean, min and max; None trees skipped."""
     out = {}
     for tree in trees:
         if tree is None:
@@ -56,29 +51,14 @@ def _describe(x: np.ndarray):
     }
 
 
-# ---------------------------------------------------------------------------
-# Checks of a parameter tree against the map that reads it. Each calibration
-# map declares one ``check_*_params(params, *, values) -> K | None`` next to
-# its apply function (built from the helpers below); ``posthoc.load`` runs it
-# with ``values=True`` on a loaded tree, :meth:`Calibrator.apply` with
-# ``values=False`` (shapes only, also under ``jax.jit``) to learn the number
-# of classes the parameters are for. Messages name the parameter and what
-# the map needs, one line, for the caller to prefix.
-# ---------------------------------------------------------------------------
+# Each map's ``check_*_params(params, *, values) -> K | None``: ``load`` runs it
+# with ``values=True``, ``Calibrator.apply`` with ``values=False`` (shapes
+# only, jittable) to learn K. Messages are one line, for the caller to prefix.
 
 
 def param_arrays(params, ranks: dict[str, int], *, bools=()) -> dict[str, Any]:
-    """The array leaves of a flat parameter dict, by key.
-
-    Args:
-      params: the parameter tree.
-      ranks: key -> rank of every entry the map reads (no other keys).
-      bools: keys of bool arrays; the others must be floating point.
-
-    Raises:
-      ValueError: another container or other keys, a leaf that is not an
-        array, another dtype kind or rank.
-    """
+    """The leaves of a dict with exactly the keys of ``ranks`` (key -> rank),
+    bool for the keys in ``bools``, else floating point; ValueError."""
     if not isinstance(params, dict) or set(params) != set(ranks):
         got = sorted(params) if isinstance(params, dict) else type(params).__name__
         raise ValueError(f"params must be a dict with keys {sorted(ranks)}, got {got}.")
@@ -105,12 +85,8 @@ def param_array(leaf, name: str, rank: int, boolean: bool = False):
 
 
 def same_classes(arrays: dict[str, Any], axes: dict[str, tuple[int, ...]]) -> int:
-    """The number of classes ``K >= 2`` that the named axes all share.
-
-    Args:
-      arrays: key -> array (from :func:`param_arrays`).
-      axes: key -> the axes of that array holding one entry per class.
-    """
+    """The number of classes ``K >= 2`` shared by ``axes`` (key -> the axes
+    of ``arrays[key]`` holding one entry per class)."""
     sizes = {
         f"params[{key!r}].shape[{axis}]": arrays[key].shape[axis]
         for key, key_axes in axes.items()
@@ -127,11 +103,8 @@ def same_classes(arrays: dict[str, Any], axes: dict[str, tuple[int, ...]]) -> in
 
 
 def check_param_values(name: str, leaf, *, positive=False, unit=False, ascending=False):
-    """Value checks of one concrete parameter array (nothing for tracers).
-
-    Every entry must be finite; ``positive``: > 0; ``unit``: in [0, 1];
-    ``ascending``: non-decreasing along the last axis.
-    """
+    """Entries finite (and > 0, in [0, 1], non-decreasing along the last axis
+    as asked) of a concrete array; nothing for tracers."""
     if not _checks.is_concrete(leaf):
         return
     v = np.asarray(leaf, np.float64)
@@ -152,8 +125,7 @@ def check_param_values(name: str, leaf, *, positive=False, unit=False, ascending
 
 
 def check_affine_params(params, *, values: bool = True, matrix: bool) -> int:
-    """Checks vector (``w [K]``) or matrix/Dirichlet (``W [K, K]``) scaling
-    parameters with a bias ``b [K]``; returns K."""
+    """Vector (``w [K]``) or matrix (``W [K, K]``) and ``b [K]``; returns K."""
     key = "W" if matrix else "w"
     arrays = param_arrays(params, {key: 2 if matrix else 1, "b": 1})
     k = same_classes(arrays, {key: (0, 1) if matrix else (0,), "b": (0,)})
@@ -169,15 +141,12 @@ def check_vector_params(params, *, values: bool = True) -> int:
 
 
 def check_matrix_params(params, *, values: bool = True) -> int:
-    """Matrix scaling or Dirichlet parameters ``{'W': [K, K], 'b': [K]}``;
-    returns K."""
+    """Matrix or Dirichlet parameters ``{'W': [K, K], 'b': [K]}``; returns K."""
     return check_affine_params(params, values=values, matrix=True)
 
 
 def write_archive(path, header: dict, arrays: dict, *, overwrite: bool) -> None:
-    """Writes ``arrays`` and the JSON ``header`` (entry :data:`HEADER`) as one
-    ``.npz`` at ``path`` (local or ``gs://``); a one-line ValueError when the
-    file exists and ``overwrite`` is False."""
+    """Writes ``arrays`` and the JSON ``header`` as one ``.npz`` at ``path``."""
     buffer = io.BytesIO()
     np.savez(buffer, **{HEADER: np.array(json.dumps(header))}, **arrays)
     storage.make_dirs(path.parent)
@@ -189,8 +158,7 @@ def write_archive(path, header: dict, arrays: dict, *, overwrite: bool) -> None:
 
 
 def check_format(path, kind, version, *, expected: str, expected_version: int):
-    """One-line ValueError unless an archive's header names the format
-    ``expected`` at version ``expected_version``."""
+    """ValueError unless the header's format is ``expected`` at its version."""
     if kind != expected:
         raise ValueError(
             f"{path} holds a saved object of kind {kind!r}, expected {expected!r}."
@@ -206,16 +174,14 @@ class Method(NamedTuple):
     """A trainable calibration map, as used by the class-wise loss scaling.
 
     All functions are pure; ``weights`` are per-example weights summing to 1
-    (the base objective is :math:`\\sum_n \\omega_n \\ell_n`, with
-    :math:`\\ell_n` the NLL for every method here).
+    (the objective is the weighted NLL :math:`\\sum_n \\omega_n \\ell_n`).
 
     Attributes:
       name: registry name of the base method.
       init: ``(logits, labels, weights, key) -> params`` initial parameters.
       train: ``(params, logits, labels, weights, budget) -> params``; ``budget``
-        is an int (traced under jit): L-BFGS iterations, or Adam steps for PTS. One unit is
-        "one training iteration" in the class-wise scaling (Eq. 6 of
-        Jung et al. 2023).
+        (traced int): L-BFGS iterations, or Adam steps for PTS; one unit is
+        "one training iteration" of Eq. (6) of Jung et al. 2023.
       apply: ``(params, logits) -> calibrated logits``.
       budget: default training budget.
       accuracy_preserving: True when ``apply`` never changes the argmax.

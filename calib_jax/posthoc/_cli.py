@@ -1,61 +1,6 @@
-"""``python -m calib_jax.posthoc``: fit post-hoc calibrators on validation
-logits, score them on test and shifted test logits, and write the table, the
-JSON, the calibrated logits and the fitted calibrators.
-
-Examples::
-
-    python -m calib_jax.posthoc --workdir RUN --method ts:nll,ets,dirichlet
-    python -m calib_jax.posthoc --val val.npz --test test.npz \\
-        --method ts:nll --method ts:sb_ece --out /tmp/calibrated
-
-``--workdir RUN`` reads what a training run exported: ``logits/val.npz``,
-``logits/test.npz`` and every ``logits/shift_<corruption>_<severity>.npz``;
-from a run of ``n > 1`` processes, each set's process shards
-``logits/<set>.process-<i>-of-<n>.npz`` instead (:mod:`calib_jax.logit_layout`),
-read as shards (below) in process order, all ``n`` of them required (a
-missing one is a one-line error naming it). ``--val``/``--test`` name two
-``.npz`` files of ``logits [N, K]`` and ``labels [N]`` (other keys:
-``--logits_key``, ``--labels_key``). Each ``--method`` (repeatable, or a
-comma-separated list) is fitted on val and scored on test and every shift.
-
-``--val`` and ``--test`` may instead name shards of logits too large for
-memory: a glob (``'val-*.npy'``, ``'gs://b/run/val-*.npz'``), a
-comma-separated list of paths, or one ``.npy`` file; ``.npz`` shards hold
-``logits`` and ``labels``, an ``.npy`` shard its logits (bf16, fp16 or
-float32) with its labels beside it in ``<stem>.labels.npy``
-(:mod:`calib_jax.chunks`). They are read a chunk at a time: the TS methods
-(``ts``, ``ts:nll``, ``ts:sb_ece``) are fitted by
-:func:`calib_jax.posthoc.fit_of_chunks` (the temperature of the in-memory
-fit, memory bounded by a chunk), and the metrics of a sharded set, before
-and after calibration, come from :func:`calib_jax.metrics.summary_of_chunks`
-on its chunks with the calibrator applied to each (``logits / T``). Every
-other method needs the logits in memory and is refused (one line, status 2)
-with shards: give ``.npz`` files. No ``calibrated/<method>/<set>.npz`` is
-written for a sharded set (it would be as large as the shards; apply the
-saved calibrator to them instead). Under ``--out`` (default
-``RUN/posthoc``, or ``<test stem>_posthoc/`` beside the test file):
-
-- ``table.md``: the printed tables (test, and the mean over the shifts);
-- ``results.json``: per method the fit (seconds, parameters, warnings) and
-  the metrics on val, test, every shift and their mean;
-- ``calibrated/<method>/<split>.npz``: calibrated logits and labels
-  (``<method>`` with ``:`` written ``_``, e.g. ``ts_nll``);
-- ``calibrators/<method>.npz``: the fitted calibrator, read back by
-  :func:`calib_jax.posthoc.load`.
-
-Nothing is replaced without ``--overwrite``. Every file is written under a
-temporary name and renamed into place, so none is ever seen half-written.
-Every path may be local or a ``gs://`` URL. A user error (a bad flag, file,
-key, value or method name, a workdir without logits, a malformed URL or an
-unreachable bucket, an output directory that cannot be written, a bin count
-or a method whose parameters cannot fit in memory) prints one line on stderr
-(``error: ...``) and exits with status 2 before any fitting. An output that
-cannot be written (a full disk) exits with status 4 and Ctrl-C with 130,
-each after one line; either way the outputs the run had created are removed.
-A fit that looks wrong (validation accuracy below chance, a fitted
-temperature outside [0.05, 20]) prints one line ``warning: ...`` naming the
-likely cause.
-"""
+"""``python -m calib_jax.posthoc``: fits post-hoc calibrators on validation
+logits, scores them on test and shifted test logits, and writes the tables,
+JSON, calibrated logits and calibrators. Usage: ``docs/posthoc.md``."""
 
 from __future__ import annotations
 
@@ -130,8 +75,7 @@ def _check_shards(split, methods, fv) -> None:
 
 
 def _load(splits, fv) -> dict:
-    """Every split's (logits, labels) as checked JAX arrays, before any fit;
-    a sharded split as its :class:`~calib_jax.chunks.ChunkSource`."""
+    """Every split's checked (logits, labels), or its ``ChunkSource`` if sharded."""
     data = {}
     for split in splits:
         if split.shards is not None:
@@ -160,8 +104,8 @@ def _num_classes(val) -> int:
 
 
 def _progress(total: int, first: str):
-    """A bar over fits and scored splits, shown once the work takes a while:
-    redrawn on a terminal, one line per ``LOG_INTERVAL`` seconds otherwise."""
+    """A bar over fits and scored splits (one line per ``LOG_INTERVAL`` s
+    when stderr is not a terminal)."""
     tty = progress_lib.is_terminal(sys.stderr)
     return progress_lib.bar(
         total,
@@ -300,13 +244,8 @@ def _run(fv, methods, workdir, splits, out, written) -> int:
 
 
 def _score(name, fitted, splits, data, out, fv, bar, written) -> dict:
-    """Scores one method on every split, writing its calibrator and logits.
-
-    Returns its row of results.json: ``method``, ``fit`` (None for
-    ``'uncalibrated'``), ``calibrator``, ``val``, ``test``, ``shift``
-    (``'<corruption>/<severity>'`` -> metrics), ``shift_mean`` (None without
-    shifts) and ``calibrated`` (split -> file); paths relative to ``out``.
-    """
+    """Scores one method on every split, writing its calibrator and logits;
+    returns its row of results.json (``docs/posthoc.md``, "Outputs")."""
     row = {"method": name, "fit": None, "calibrator": None}
     cal, calibrated, scores = None, {}, {"shift": {}}
     if fitted is not None:
@@ -351,10 +290,8 @@ def _score(name, fitted, splits, data, out, fv, bar, written) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: parses ``argv`` (default ``sys.argv[1:]``), runs, and
-    returns the exit status (:func:`calib_jax._cli.run_main`): 0, 2 for a
-    user error, 4 for an output that could not be written, 130 for Ctrl-C
-    (the last two remove the outputs the run had created)."""
+    """Parses ``argv`` (default ``sys.argv[1:]``), runs, and returns the exit
+    status: 0, 2 (user error), 4 (an output not written) or 130 (Ctrl-C)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     return entry.run_main(lambda: _main(argv))
 

@@ -1,17 +1,6 @@
-"""Inputs and outputs of ``python -m calib_jax.posthoc`` (see :mod:`._cli`).
-
-Inputs are ``.npz`` files of logits and labels: ``--val`` and ``--test``, or
-the files a training run exported under ``<workdir>/logits/`` (``val.npz``,
-``test.npz`` and one ``shift_<corruption>_<severity>.npz`` per shifted test
-set; from a run of ``n > 1`` processes, each set's process shards
-``<set>.process-<i>-of-<n>.npz``, named by :mod:`calib_jax.logit_layout`).
-``--val`` and ``--test`` may also name shards (:func:`is_shards`: a glob, a
-comma-separated list, or an ``.npy`` file). Shards are read a chunk at a
-time by :class:`calib_jax.chunks.ChunkSource` (:func:`shard_source`).
-Outputs go under one directory. Every path goes through
-:mod:`calib_jax.storage` (``etils.epath``), so local paths and ``gs://`` URLs
-behave alike. Every user error is a :class:`UserError` with a one-line message.
-"""
+"""Inputs and outputs of ``python -m calib_jax.posthoc``: ``.npz`` files or
+shards, a workdir's exported logits, and the output directory; every user
+error is a one-line :class:`UserError`."""
 
 from __future__ import annotations
 
@@ -31,17 +20,15 @@ TABLE = "table.md"
 RESULTS = "results.json"
 CALIBRATED = "calibrated"
 CALIBRATORS = "calibrators"
-# Bytes per class and bin of the metrics' class-wise bins (XLA allocated
-# 20 K M bytes at once for M = 10^8 bins).
+# Bytes per class and bin of the metrics' class-wise bins.
 _BIN_BYTES = 20
 # Methods that fit a [K, K] matrix by L-BFGS.
 _SQUARE = ("matrix", "dirichlet")
 
 
 class StorageError(_cli.StorageWriteError):
-    """An output that could not be written: a full disk, a lost connection
-    (exit status 4, as the trainer's failed checkpoint save). The command
-    removes what it had written, which the message says."""
+    """An output that could not be written (exit status 4); the run's outputs
+    are removed, as the message says."""
 
     def __str__(self) -> str:
         return (
@@ -54,17 +41,13 @@ class Split(NamedTuple):
     """One set of logits to score.
 
     Attributes:
-      key: ``'val'``, ``'test'`` or ``'shift/<corruption>/<severity>'`` (the
-        trainer's metric prefixes).
-      file: file name of its calibrated logits (``'val.npz'``,
-        ``'shift_<corruption>_<severity>.npz'``).
-      path: where its logits are read from.
+      key: ``'val'``, ``'test'`` or ``'shift/<corruption>/<severity>'``.
+      file: file name of its calibrated logits (``'val.npz'``).
+      path: where its logits are read from (None for process shards).
       what: how messages name it (``"--val file 'v.npz'"``).
-      shards: the ``--val``/``--test`` value when it names shards, or the
-        paths of a run's process shards in process order (then ``path`` is
-        None), else None.
-      label: how the printed table names a set of process shards (their
-        glob), else None.
+      shards: the ``--val``/``--test`` value naming shards, or a run's process
+        shards in process order, else None.
+      label: the glob the table prints for process shards, else None.
     """
 
     key: str
@@ -76,17 +59,15 @@ class Split(NamedTuple):
 
     @property
     def source_name(self) -> str:
-        """The input as the table prints it: the file, the shards' flag
-        value, or the glob of a run's process shards."""
+        """The input as the table prints it."""
         if self.shards is None:
             return str(self.path)
         return self.label if self.label is not None else str(self.shards)
 
 
 def is_shards(value: str) -> bool:
-    """Whether a ``--val`` value names shards rather than one ``.npz``: a glob
-    (``'val-*.npy'``), a comma-separated list of paths, or an ``.npy`` file
-    (its labels beside it in ``<stem>.labels.npy``)."""
+    """Whether a ``--val`` value names shards (a glob, a comma-separated list,
+    an ``.npy`` file) rather than one ``.npz``."""
     return glob_magic(value) or "," in value or value.endswith(".npy")
 
 
@@ -96,13 +77,8 @@ def glob_magic(value: str) -> bool:
 
 
 def shard_source(split: Split) -> chunks.ChunkSource:
-    """The chunk source of a sharded split (headers read, no data).
-
-    Raises:
-      UserError: one line naming the shard: a glob that matches nothing, a
-        missing file or labels file, shards whose classes or dtypes disagree,
-        arrays of the wrong kind.
-    """
+    """The chunk source of a sharded split (headers read, no data); a
+    UserError naming the shard that is missing or wrong."""
     spec = split.shards
     if isinstance(spec, tuple):
         paths, flag = list(spec), "--workdir"
@@ -131,8 +107,7 @@ def file_name(method: str) -> str:
 
 
 def given_splits(val: str, test: str) -> list[Split]:
-    """The ``--val``/``--test`` pair as splits (the files must exist;
-    shards are checked by :func:`shard_source`)."""
+    """The ``--val``/``--test`` pair as splits (the files must exist)."""
     splits = []
     for key, value in (("val", val), ("test", test)):
         if is_shards(value):
@@ -148,13 +123,8 @@ def given_splits(val: str, test: str) -> list[Split]:
 
 
 def _exported(logits: epath.Path, key: str) -> Split | None:
-    """Set ``key`` of a run's ``logits/`` directory: its ``.npz`` file, or
-    its process shards in process order; None when it has neither.
-
-    Raises:
-      UserError: a process shard missing (one line naming it), or shards of
-        two process counts.
-    """
+    """Set ``key`` of a run's ``logits/``: its ``.npz`` file, or its process
+    shards in process order; None when it has neither."""
     name = logit_layout.logits_file(key)
     path = logits / name
     if path.exists():
@@ -173,15 +143,8 @@ def _exported(logits: epath.Path, key: str) -> Split | None:
 
 
 def workdir_splits(workdir: epath.Path, text: str) -> list[Split]:
-    """Val, test and every shifted test set a training run exported: each
-    set's ``.npz`` file, or (a run of several processes) its process shards.
-
-    Raises:
-      UserError: the workdir does not exist, or has no ``logits/val.npz`` or
-        ``logits/test.npz`` nor their shards (the message says what the
-        workdir holds instead: checkpoints of an unfinished run, or nothing
-        of a run); a process shard is missing (named).
-    """
+    """Val, test and every shifted test set a training run exported (files
+    or process shards); a UserError saying what the workdir holds instead."""
     if not workdir.exists():
         raise UserError(f"--workdir {text!r} does not exist.")
     if not workdir.is_dir():
@@ -229,14 +192,8 @@ def workdir_splits(workdir: epath.Path, text: str) -> list[Split]:
 
 
 def load_split(split: Split, logits_key: str, labels_key: str):
-    """``(logits float [N, K], labels int [N])`` as NumPy arrays.
-
-    Integer logits become float32; integral float labels become int64.
-
-    Raises:
-      UserError: not a readable ``.npz`` archive, a missing key, or arrays of
-        the wrong kind (strings, fractional labels, pickled objects).
-    """
+    """``(logits float [N, K], labels int [N])`` as NumPy arrays (integer
+    logits become float32, integral float labels int64)."""
     what, path = split.what, split.path
     if path.is_dir():
         raise UserError(f"{what} is not a file.")
@@ -278,8 +235,7 @@ def load_split(split: Split, logits_key: str, labels_key: str):
 
 def check_sizes(splits, methods, num_bins: int, logits_key: str) -> None:
     """UserError when the bins or a method's parameters cannot fit in memory,
-    from the val file's header (before its logits are read): the first
-    ``.npz`` split's, or the shards' headers when every split is sharded."""
+    from the first ``.npz`` split's header (or the shards')."""
     first = next((s for s in splits if s.shards is None), None)
     if first is None:
         shape = (None, shard_source(splits[0]).num_classes)
@@ -303,9 +259,8 @@ def check_sizes(splits, methods, num_bins: int, logits_key: str) -> None:
 
 
 def output_dir(value: str | None, workdir: epath.Path | None, test: Split):
-    """``--out``, or its default: ``<workdir>/posthoc``, else
-    ``<test stem>_posthoc`` beside the test file (sharded ``--test``: no
-    default, a UserError)."""
+    """``--out``, else ``<workdir>/posthoc``, else ``<test stem>_posthoc``
+    beside the test file."""
     if value is not None:
         out = as_path(value, "--out")
         if out.suffix in (".json", ".md", ".txt", ".npz") and not out.is_dir():
@@ -336,8 +291,8 @@ def outputs(out: epath.Path, methods) -> list[epath.Path]:
 
 
 def first_existing(paths) -> epath.Path | None:
-    """The first path that exists (a directory only when it holds something
-    other than the temporary files a killed run may leave)."""
+    """The first path that exists (a directory only if it holds more than a
+    killed run's temporary files)."""
     for path in paths:
         if not path.exists():
             continue
@@ -358,8 +313,8 @@ def check_writable(out: epath.Path, value: str | None) -> None:
 
 
 def logits_shape(split: Split, key: str) -> tuple[int, ...] | None:
-    """The shape of array ``key`` of a split's ``.npz``, read from its header
-    alone; None when the file cannot tell (:func:`load_split` then says why)."""
+    """The shape of array ``key`` of a split's ``.npz`` from its header alone;
+    None when the file cannot tell."""
     try:
         with (
             split.path.open("rb") as f,
@@ -384,8 +339,7 @@ def refuse(path) -> UserError:
 
 
 class Outputs:
-    """Writes a run's outputs, each whole (under a temporary name, then
-    renamed), and removes the ones it created when the run fails."""
+    """Writes a run's outputs whole and removes the ones it created on failure."""
 
     def __init__(self, *, overwrite: bool):
         self.overwrite = overwrite

@@ -1,9 +1,5 @@
-"""The flags of ``python -m calib_jax.posthoc`` and their parsing.
-
-The flags live in their own ``FlagValues`` (not ``absl.flags.FLAGS``), so the
-command can run in-process next to the train and benchmark flags; a bad flag
-is one :class:`~calib_jax._cli.UserError` line (see :mod:`calib_jax.posthoc._cli`).
-"""
+"""The flags of ``python -m calib_jax.posthoc``, in their own ``FlagValues``
+(not ``absl.flags.FLAGS``) so the command can run in-process."""
 
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ _HELP = ("-h", "--help", "-help", "--helpfull", "--helpshort")
 
 
 def _define(fv: flags.FlagValues) -> None:
-    """Defines the command's flags in ``fv`` (``--help`` lists them under the
-    command's module)."""
+    """Defines the command's flags in ``fv``."""
     kw = {"flag_values": fv, "module_name": "calib_jax.posthoc._cli"}
     flags.DEFINE_string(
         "workdir",
@@ -73,15 +68,8 @@ class Help(Exception):
 
 
 def parse_flags(argv: Sequence[str]) -> flags.FlagValues:
-    """Parses ``argv`` (without the program name) into fresh flag values.
-
-    The flags live in their own ``FlagValues``, not in ``absl.flags.FLAGS``,
-    so the CLI can run in-process next to the train and benchmark flags.
-
-    Raises:
-      UserError: an unknown flag, a missing or bad value, a positional
-        argument (one line).
-    """
+    """Parses ``argv`` (without the program name) into fresh flag values; a
+    one-line UserError for an unknown flag, a bad value or a positional."""
     fv = flags.FlagValues()
     _define(fv)
     if any(a in _HELP for a in argv):

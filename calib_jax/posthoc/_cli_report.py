@@ -14,8 +14,7 @@ COLUMNS = tuple(
 
 
 def metrics(probs, labels, num_bins) -> dict[str, float]:
-    """Accuracy, NLL, ECE, adaptive and classwise ECE (``num_bins`` bins) and
-    Brier score of ``probs [N, K]``: the trainer's end-of-run metrics."""
+    """The trainer's end-of-run metrics of ``probs [N, K]``."""
     values = metrics_lib.summary(
         probs, labels, num_bins=num_bins, names=metrics_lib.SPLIT_METRICS
     )
@@ -23,9 +22,8 @@ def metrics(probs, labels, num_bins) -> dict[str, float]:
 
 
 def metrics_of_chunks(source, apply, num_bins) -> dict[str, float]:
-    """:func:`metrics` of sharded logits, a chunk at a time
-    (:func:`calib_jax.metrics.summary_of_chunks` from logits): ``apply`` maps
-    each chunk's logits to calibrated ones (None: the logits as they are)."""
+    """:func:`metrics` of sharded logits, a chunk at a time; ``apply`` (or
+    None) calibrates each chunk's logits."""
     pairs = (
         (chunk.x if apply is None else np.asarray(apply(chunk.x)), chunk.labels)
         for chunk in source
@@ -42,8 +40,8 @@ def metrics_of_chunks(source, apply, num_bins) -> dict[str, float]:
 
 
 def params_summary(cal, test_logits) -> dict:
-    """JSON summary of a fitted calibrator's parameters (PTS: the range of its
-    per-example temperatures on ``test_logits``)."""
+    """JSON summary of a calibrator's parameters (PTS: with its per-example
+    temperatures on ``test_logits``)."""
     if cal.name.startswith("pts"):
         t = np.asarray(_pts.sample_temperatures(cal.params, test_logits))
         out = {

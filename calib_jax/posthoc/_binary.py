@@ -1,12 +1,5 @@
-r"""Binary calibrators (K = 2): Platt scaling and Beta calibration.
-
-Both fit a logistic regression of the label :math:`y \in \{0, 1\}` on
-features of the binary score, by a damped Newton method in float32 inside
-``lax.while_loop`` (pure and jittable). The score is the logit difference
-:math:`d = z_1 - z_0`, so that :math:`s = \sigma(d) = \mathrm{softmax}(z)_1`
-is the uncalibrated probability of class 1. Both return log-probabilities
-``[log(1 - q), log(q)]`` with :math:`q` the calibrated probability of class 1.
-"""
+r"""Binary calibrators (K = 2): Platt scaling and Beta calibration, logistic
+regressions on the logit difference :math:`d = z_1 - z_0` by damped Newton."""
 
 from __future__ import annotations
 
@@ -48,26 +41,12 @@ def _logistic_loss(beta, x, target, weights):
 
 
 def logistic_newton(x, target, weights, beta0, free, *, max_iter, tol):
-    r"""Weighted logistic regression by damped Newton; returns ``beta [P]``.
-
-    Minimises :math:`\sum_n \omega_n\,(\log(1 + e^{f_n}) - t_n f_n)`,
-    :math:`f = X\beta`, over the coordinates where ``free`` is True (the
-    others stay at ``beta0``). Each iteration solves :math:`(H + \lambda I)
-    \delta = g` with a tiny :math:`\lambda` (``1e-9 trace(H)``; keeps a
-    singular Hessian, e.g. a constant feature, solvable) and halves the step
-    until the loss does not increase (at most 30 halvings). Stops after
-    ``max_iter`` iterations, when :math:`\max|g| \le` ``tol``, or when the
-    accepted step is below ``1e-7 (1 + max|beta|)``.
-
-    Args:
-      x: float ``[N, P]`` features (a column of ones for the intercept).
-      target: float ``[N]`` targets in [0, 1].
-      weights: float ``[N]`` non-negative, summing to 1.
-      beta0: float ``[P]`` start.
-      free: bool ``[P]``.
-      max_iter: iteration cap (traced).
-      tol: gradient max-norm tolerance.
-    """
+    r"""``beta [P]`` minimising :math:`\sum_n \omega_n (\log(1 + e^{f_n}) - t_n
+    f_n)`, :math:`f = X\beta` (``x [N, P]``, ``target [N]`` in [0, 1]), over the
+    ``free`` coordinates from ``beta0``. Each step solves :math:`(H + 10^{-9}
+    \mathrm{tr} H\, I)\delta = g` (a singular Hessian stays solvable) and is
+    halved until the loss does not increase; stops after ``max_iter``, at
+    :math:`\max|g| \le` ``tol`` or a step below ``1e-7 (1 + max|beta|)``."""
     p = beta0.shape[0]
     mask = free.astype(x.dtype)
     loss = functools.partial(_logistic_loss, x=x, target=target, weights=weights)
@@ -122,11 +101,6 @@ def _weights_and_targets(logits, labels, where):
     weights = m / jnp.maximum(jnp.sum(m), 1.0)
     y = (labels == 1).astype(d.dtype)
     return d, y, mask, weights
-
-
-# ---------------------------------------------------------------------------
-# Platt scaling
-# ---------------------------------------------------------------------------
 
 
 def apply_platt_params(params, logits):
@@ -191,14 +165,11 @@ def fit_platt(
         \min_{a, b} \sum_n \omega_n \big(\log(1 + e^{f_n}) - t_n f_n\big),
         \quad f_n = a d_n + b,
 
-    the model of [1] (Eq. (1); Platt writes :math:`1/(1 + e^{A f + B})`, i.e.
-    :math:`a = -A`) on the binary logit difference :math:`d = z_1 - z_0`
-    instead of an SVM output. With ``target_smoothing`` (default, as in [1],
-    Eq. (3), and scikit-learn's sigmoid calibration) the targets are
-    :math:`t_+ = (N_+ + 1)/(N_+ + 2)` for class 1 and :math:`t_- = 1/(N_- +
-    2)` for class 0, which keeps :math:`a, b` finite on separable data;
-    without it, :math:`t_n = y_n`. Solved by damped Newton from :math:`a = 1,
-    b = 0` (the identity map), float32, pure and jittable.
+    the model of [1] (Eq. (1), :math:`a = -A`) on :math:`d = z_1 - z_0`
+    instead of an SVM output. With ``target_smoothing`` ([1], Eq. (3)) the
+    targets are :math:`t_+ = (N_+ + 1)/(N_+ + 2)` for class 1 and :math:`t_- =
+    1/(N_- + 2)` for class 0, which keeps :math:`a, b` finite on separable
+    data; without it, :math:`t_n = y_n`. Damped Newton from the identity.
 
     Args:
       logits: float ``[N, 2]``.
@@ -216,9 +187,8 @@ def fit_platt(
         labels out of range (one line).
 
     References:
-      [1] J. Platt, "Probabilistic Outputs for Support Vector Machines and
-      Comparisons to Regularized Likelihood Methods", Advances in Large
-      Margin Classifiers, MIT Press 1999, Eqs. (1)-(3).
+      [1] J. Platt, Advances in Large Margin Classifiers, MIT Press 1999,
+      Eqs. (1)-(3).
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -252,11 +222,6 @@ def _fit_platt(logits, labels, where, tol, *, max_iter, smoothing):
     return {"a": beta[0].astype(jnp.float32), "b": beta[1].astype(jnp.float32)}
 
 
-# ---------------------------------------------------------------------------
-# Beta calibration
-# ---------------------------------------------------------------------------
-
-
 def _beta_features(d):
     """``[ln s, -ln(1 - s), 1]`` with ``s = sigmoid(d)`` (no clipping)."""
     return jnp.stack(
@@ -272,8 +237,7 @@ def apply_beta_params(params, logits):
 
 
 def check_beta_params(params, *, values: bool = True) -> int:
-    """Beta calibration parameters ``{'a', 'b', 'c'}`` (scalars), finite;
-    binary (K = 2)."""
+    """Beta parameters ``{'a', 'b', 'c'}`` (scalars), finite; binary (K = 2)."""
     arrays = _base.param_arrays(params, {"a": 0, "b": 0, "c": 0})
     for key, leaf in arrays.items() if values else ():
         _base.check_param_values(f"params[{key!r}]", leaf)
@@ -326,16 +290,11 @@ def fit_beta(
         q(s) = \frac{1}{1 + 1/\big(e^{c}\, s^{a} / (1 - s)^{b}\big)}
              = \sigma\big(a \ln s - b \ln(1 - s) + c\big),
 
-    :math:`s = \mathrm{softmax}(z)_1`, fitted by unregularised logistic
-    regression of :math:`y` on the features :math:`(\ln s, -\ln(1 - s))`
-    (Sec. 3 of [1]). The map is monotone when :math:`a, b \ge 0`; as in [1]
-    (and its released code), if the fit gives :math:`a < 0` the model is
-    refitted without :math:`\ln s` (:math:`a = 0`), else if :math:`b < 0`
-    without :math:`-\ln(1 - s)` (:math:`b = 0`). :math:`\ln s =
-    \log\sigma(d)` and :math:`\ln(1 - s) = \log\sigma(-d)` with :math:`d = z_1
-    - z_0`, so no clipping of :math:`s` is needed. Damped Newton from the
-    identity (:math:`a = b = 1, c = 0`), float32, pure and jittable (all
-    three fits run; the rule selects one).
+    :math:`s = \mathrm{softmax}(z)_1`, by logistic regression of :math:`y` on
+    :math:`(\ln s, -\ln(1 - s))` (Sec. 3 of [1]). As in [1], a fit with
+    :math:`a < 0` is redone with :math:`a = 0`, else one with :math:`b < 0`
+    with :math:`b = 0`. :math:`\ln s = \log\sigma(z_1 - z_0)` needs no
+    clipping. Damped Newton from the identity (:math:`a = b = 1, c = 0`).
 
     Args:
       logits: float ``[N, 2]``.
@@ -352,10 +311,8 @@ def fit_beta(
         labels out of range (one line).
 
     References:
-      [1] M. Kull, T. Silva Filho, P. Flach, "Beta calibration: a well-founded
-      and easily implemented improvement on logistic calibration for binary
-      classifiers", AISTATS 2017, PMLR 54, Sec. 3 (the fit and the refit
-      when a parameter is negative).
+      [1] M. Kull, T. Silva Filho, P. Flach, AISTATS 2017, PMLR 54, Sec. 3 (the
+      fit and the refit when a parameter is negative).
 
     Examples:
       >>> import jax, jax.numpy as jnp

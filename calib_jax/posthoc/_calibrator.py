@@ -1,14 +1,5 @@
-"""The :class:`Calibrator` pytree and the registry path: :data:`CALIBRATORS`,
-:func:`get_calibrator`, :func:`fit` and :func:`load`, all from the one method
-table of ``_methods.py``.
-
-Names: ``'ts'``, ``'ets'``, ``'pts'``, ``'cts'``, ``'vector'``, ``'matrix'``,
-``'dirichlet'``, ``'histogram_binning'``, ``'isotonic'``, the binary-only
-``'platt'`` and ``'beta'`` (K = 2), and ``'<base>+classwise'`` for ``base``
-in TS, ETS, PTS, CTS. ``get_calibrator``/``fit`` also accept
-``'ts:<objective>'`` (``nll``, ``sb_ece``, ``hb_ece``, ``ece_grid``) and
-``'ts:nll+classwise'``.
-"""
+"""The :class:`Calibrator` pytree and the registry path (:data:`CALIBRATORS`,
+:func:`get_calibrator`, :func:`fit`, :func:`load`) over ``_methods.METHODS``."""
 
 from __future__ import annotations
 
@@ -38,15 +29,10 @@ BINARY_ONLY = _binary.BINARY_ONLY
 class Calibrator:
     """A fitted post-hoc calibrator: parameters plus a pure apply function.
 
-    ``apply`` returns *calibrated logits*: unnormalised logits for TS, PTS,
-    CTS, vector/matrix scaling and Dirichlet calibration, and log-probabilities
-    for the probability-space ETS mixture. Either way
-    ``jax.nn.softmax(calibrator.apply(logits))`` gives the calibrated
-    probabilities (:meth:`probs`).
-
-    A ``Calibrator`` is a pytree (``params`` and ``aux`` are its leaves;
-    ``name`` and ``apply_fn`` are static), so it passes through ``jax.jit``
-    and comes out of ``jax.vmap`` with batched parameters.
+    ``apply`` returns *calibrated logits* (unnormalised logits or
+    log-probabilities, ``docs/posthoc.md``); :meth:`probs` is their softmax.
+    A pytree (``params`` and ``aux`` are leaves, ``name`` and ``apply_fn``
+    static): it passes through ``jax.jit`` and ``jax.vmap``.
 
     Attributes:
       params: parameter pytree read by ``apply_fn``.
@@ -93,14 +79,10 @@ class Calibrator:
         return jax.nn.softmax(self.apply(logits), axis=-1)
 
     def save(self, path, *, overwrite: bool = False) -> None:
-        """Writes the calibrator to ``path`` (read back by
-        :func:`calib_jax.posthoc.load`).
+        """Writes the calibrator to ``path`` for :func:`calib_jax.posthoc.load`.
 
-        The file is a NumPy ``.npz`` archive with a JSON header (format
-        version 1, registry name, calibration map, pytree structure) and the
-        parameter and aux arrays; see :mod:`calib_jax.posthoc._persist`.
-        Written through ``etils.epath``, so ``gs://`` paths work. Loading
-        gives bit-identical parameters and outputs.
+        An ``.npz`` archive with a JSON header (format: ``docs/posthoc.md``),
+        through ``etils.epath`` (``gs://`` works); loading is bit-identical.
 
         Args:
           path: destination file (local or object store).
@@ -126,11 +108,8 @@ class Calibrator:
         _persist.save(self, path, overwrite=overwrite)
 
     def summary(self) -> dict[str, Any]:
-        """Host-side summary of the fitted parameters (JSON-serialisable).
-
-        Scalars are reported as floats; arrays by shape, mean, min and max;
-        small vectors (at most 8 entries) in full.
-        """
+        """JSON summary of the parameters: scalars and vectors of up to 8
+        entries in full, other arrays by shape, mean, min and max."""
         return _base.summarize(self.params, self.aux)
 
 
@@ -233,10 +212,8 @@ def fit(
     Returns:
       A :class:`Calibrator`; ``calibrator.apply(test_logits)`` gives the
       calibrated logits (log-probabilities for ETS, histogram binning,
-      isotonic regression, Platt and Beta); ``calibrator.save(path)``
-      writes it for :func:`calib_jax.posthoc.load`. TS, ETS and PTS (with
-      or without class-wise scaling) preserve the argmax; the others do
-      not in general.
+      isotonic regression, Platt and Beta). TS, ETS and PTS (with or without
+      class-wise scaling) preserve the argmax; the others not in general.
 
     Raises:
       ValueError: unknown name or option, an option outside its domain
@@ -247,10 +224,8 @@ def fit(
 
     Warns:
       SuspiciousFitWarning: one line when the validation accuracy is below
-        chance (1/K) or a fitted temperature (TS, ETS, CTS and their
-        class-wise variants) lies outside [0.05, 20], naming the likely
-        cause (labels misaligned with the logits, probabilities passed as
-        logits).
+        chance (1/K), a fitted temperature lies outside [0.05, 20] or the
+        rows are probabilities (``docs/posthoc.md``).
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -264,8 +239,7 @@ def fit(
     fitter = get_calibrator(name)
     if name in BINARY_ONLY:
         _binary.check_binary(name, logits)
-    # Values are checked by the fitter (inside its own compiled call where it
-    # can): here only shapes and dtypes, before the options.
+    # Values are checked by the fitter (inside its compiled call): here shapes.
     _validate.check_inputs(logits, labels, where, values=False)
     _check_options(name, kwargs)
     try:
@@ -312,12 +286,9 @@ def load(path, *, name: str | None = None) -> Calibrator:
       bit-identical to the saved ones.
 
     Raises:
-      ValueError: missing or unreadable file, a file that is not a saved
-        calibrator, another format kind or version, an unknown calibration
-        map, a name that does not fit the map or is not ``name``, a corrupt
-        archive member, a stored dtype other than the header's, or
-        parameters that the map does not read or its fitter never returns
-        (one line naming the file).
+      ValueError: one line naming the file: missing, unreadable or not a saved
+        calibrator, another format or version, an unknown map, another
+        ``name``, or arrays and parameters that do not match the header/map.
     """
     name, key, params, aux = _persist.read(path, name=name)
     return Calibrator(

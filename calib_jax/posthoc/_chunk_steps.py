@@ -1,24 +1,7 @@
-r"""The per-chunk steps of :func:`calib_jax.posthoc.fit_of_chunks`: each adds
-one chunk's share of a temperature-scaling objective and of its derivative in
-:math:`u = \log T` (forward mode, :func:`jax.jvp`) to sums carried on the
-device, and the finishing steps turn the sums of every chunk into the
-objective's value and derivative.
-
-- NLL (Guo et al. 2017): :func:`nll_step` sums
-  ``_temperature.nll_of_log_t`` over the chunk's rows.
-- SB-ECE (Karandikar et al. 2021, Eqs. (8)-(12)): :func:`bins_step` merges
-  the chunk's per-bin soft sums (:func:`empty_bins`: mass, the sums of the
-  bin accuracy and gap, mean and centred second moment of the confidences,
-  by the pairwise update of Chan, Golub and LeVeque 1979) into the carried
-  ones; :func:`sb_finish` gives Eq. (11) and Eq. (12) with ``p = 2`` from
-  them; for Eq. (12) with another ``p``, :func:`accuracy_of_bins` gives the
-  bin accuracies and :func:`lb_step` sums :math:`u_{ij}|A_j - c_i|^p` in a
-  second pass (:func:`lb_finish`).
-
-Every step is compiled once per chunk shape; padding rows (``valid`` False)
-count nowhere. The formulas are those of ``_temperature.sb_ece_objective``
-and :func:`calib_jax.losses.sb_ece_from_confidences`, on sums.
-"""
+r"""Per-chunk steps of :func:`calib_jax.posthoc.fit_of_chunks`: each adds a
+chunk's share of a TS objective (NLL; SB-ECE, Eqs. (8)-(12) of Karandikar et
+al. 2021) and of its derivative in :math:`u = \log T` (:func:`jax.jvp`) to
+sums carried on the device; padding rows (``valid`` False) count nowhere."""
 
 from __future__ import annotations
 
@@ -34,9 +17,7 @@ from calib_jax.posthoc import _core, _temperature, _validate
 
 @jax.jit
 def chunk_checks(x, labels, valid):
-    """``(bad rows, first bad row, correct rows, simplex)`` of one chunk:
-    NaN/inf logits in an included row, the arg-max correctness (the
-    library's rule) and whether its first rows look like probabilities."""
+    """``(NaN/inf rows, first such row, correct rows, simplex)`` of a chunk."""
     z = _core.upcast(x)
     bad = valid & ~jnp.all(jnp.isfinite(z), axis=1)
     correct = valid & (jnp.argmax(z, axis=1) == labels)
@@ -49,7 +30,7 @@ def chunk_checks(x, labels, valid):
 
 
 def _row_constants(x, labels, valid):
-    """Zeroed padding, row maxima and ``m - z_y`` of a chunk (as ``_core.canonical``)."""
+    """Zeroed padding, row maxima and ``m - z_y`` of a chunk (as ``canonical``)."""
     z = jnp.where(valid[:, None], _core.upcast(x), 0.0)
     labels = jnp.where(valid, labels, 0)
     m = jnp.max(z, axis=1)
@@ -68,8 +49,8 @@ def nll_step(carry, u, x, labels, valid):
 
 
 def empty_bins(num_bins, dtype=jnp.float32):
-    """Per-bin soft sums of no rows: mass ``s``, ``r = sum u(1 - a)``,
-    ``g = sum u(a - c)``, the mean confidence ``mu`` and ``m2 = sum u(c - mu)^2``."""
+    """Per-bin soft sums of no rows: mass ``s``, ``r = sum u(1 - a)``, ``g =
+    sum u(a - c)``, mean confidence ``mu``, ``m2 = sum u(c - mu)^2``."""
     zeros = jnp.zeros((num_bins,), dtype)
     return {"s": zeros, "r": zeros, "g": zeros, "mu": zeros, "m2": zeros}
 
@@ -97,7 +78,7 @@ def _merge_bins(a, b):
 
 def _chunk_confidences(u, x, labels, valid, num_bins, sb_temperature):
     """Top-label confidences of ``z / e^u``, correctness and soft memberships
-    (zero on padding rows) of a chunk, as ``_temperature.sb_ece_objective``."""
+    (zero on padding rows) of a chunk."""
     z, labels, m, _ = _row_constants(x, labels, valid)
     correct = (jnp.argmax(z, axis=1) == labels).astype(z.dtype)
     conf = _temperature.top_confidence_of_log_t(u, z, m)
@@ -145,8 +126,7 @@ def _bin_accuracy(s, r):
 @functools.partial(jax.jit, static_argnames=("num_bins",))
 def lb_step(carry, u, acc, dacc, x, labels, valid, sb_temperature, p, *, num_bins):
     """``carry + (sum, d sum / du)`` of the chunk's Eq. (12) terms
-    :math:`\\sum_{ij} u_{ij} |A_j - c_i|^p` at given bin accuracies ``acc``
-    (their derivative in ``u``: ``dacc``)."""
+    :math:`\\sum_{ij} u_{ij} |A_j - c_i|^p` at bin accuracies ``acc``, ``dacc``."""
 
     def total(v, bin_acc):
         conf, _, member = _chunk_confidences(
@@ -160,8 +140,7 @@ def lb_step(carry, u, acc, dacc, x, labels, valid, sb_temperature, p, *, num_bin
 
 
 def _sb_value(bins, count, p, kind):
-    """SB-ECE (Eqs. (11)-(12)) from the per-bin sums of every row (p = 2 for
-    ``'lb'``)."""
+    """SB-ECE (Eqs. (11)-(12); p = 2 for ``'lb'``) from every row's bin sums."""
     s = bins["s"]
     occupied = _occupied(s)
     if kind == "bin":

@@ -1,55 +1,5 @@
-r"""Class-wise loss scaling for post-hoc calibration (Jung et al., ICML 2023).
-
-The base calibrator (TS, ETS, PTS or CTS) is trained on a weighted sum of
-class-wise losses whose weights grow with the (normalised) class loss, so
-that under-fitted classes are pushed harder than over-fitted ones and the
-spread of the class-wise losses shrinks (Sec. 4 of [1]):
-
-1. class-wise losses :math:`\mathcal L_{C_i}` (Eq. (3));
-2. normal-distribution ("ND") normalisation :math:`\bar{\mathcal L}_{C_i}`
-   (Eq. (4) = Eq. (9), App. A);
-3. weights :math:`w_i = \sigma(\bar{\mathcal L}_{C_i}; \alpha, \beta) =
-   \beta / (1 + e^{-\bar{\mathcal L}_{C_i}/\alpha}) - \beta/2
-   \in (-\beta/2, \beta/2)` (Eq. (5));
-4. :math:`\alpha, \beta` fitted once by SLSQP on the first-order estimate of
-   the class-loss spread after one training iteration (Eq. (6)), from
-   :math:`\alpha = 1, \beta = 1.5` (Sec. 5.1), then frozen;
-5. the base calibrator trained on :math:`\mathcal L_T = \sum_i (1 + w_i)
-   \mathcal L_{C_i}` (Eqs. (7)–(8)).
-
-Conventions (where the paper leaves room):
-
-- :math:`\mathcal L_{C_i}` is the *mean* NLL over the samples of class
-  :math:`i`, as in the authors' released code; Eq. (3) writes a sum, which
-  makes :math:`\mathcal L_{C_i}` proportional to the class size and, on
-  long-tailed data, lets class frequency dominate the normalisation. The
-  training objective is divided by the number of classes present (a constant
-  factor that leaves the minimiser unchanged).
-- Eq. (4) uses the population standard deviation (the released code uses
-  the unbiased one). Classes without samples get no weight and are left out
-  of the normalisation; if all present class losses are equal, all
-  :math:`w_i = 0`.
-- "One training iteration" (Eq. (6)) is one unit of the base method's
-  budget from its initial parameters on the unweighted loss: one L-BFGS
-  iteration (line search included) for TS, ETS and CTS, one Adam step for
-  PTS.
-- Eq. (6) is implemented as printed, :math:`\sqrt{\sum_i (\mathcal L^0_{C_i}
-  - \sigma(\bar{\mathcal L}^1_{C_i}) (\mathcal L^1_{C_i} -
-  \mathcal L^0_{C_i}) - \mathbb E[\mathcal L^1_C])^2}`, over the classes
-  present. The paper gives no bounds for SLSQP; the released code uses
-  :math:`\alpha \in [0.1, \ln(K)/2]`, :math:`\beta \in [1.5, 2]`. The
-  defaults here are those, with the upper :math:`\alpha` bound raised to 1
-  when :math:`\ln(K)/2 < 1` so that the start :math:`\alpha = 1` is feasible.
-  :math:`\beta \le 2` keeps every class weight :math:`1 + w_i > 0`.
-- The weights are recomputed from the current class-wise losses during
-  training with :math:`\alpha, \beta` frozen, and act as constants (no
-  gradient flows through them), as in the released code. Because the base
-  optimisers here use line searches on a fixed objective, this is done as a
-  fixed-point iteration: ``rounds`` successive fits of the base method, each
-  with the weights of the previous parameters, warm-started, stopping early
-  when no weight moves by more than ``weight_tol``. Its fixed point is the
-  stationary point of the released code's dynamics.
-"""
+r"""Class-wise loss scaling for post-hoc calibration (Jung et al., ICML 2023):
+the base calibrator trained on class losses weighted by their normalised size."""
 
 from __future__ import annotations
 
@@ -123,9 +73,8 @@ def scaling_weights(
         \frac{\beta}{1 + \exp(-\bar{\mathcal L}_{C_i}/\alpha)} - \frac{\beta}{2}
         \in \Big(-\frac{\beta}{2}, \frac{\beta}{2}\Big)
 
-    (the interval is open in exact arithmetic; for
-    :math:`|\bar{\mathcal L}/\alpha|` beyond about 17 in float32 the sigmoid
-    rounds to 0 or 1 and :math:`w_i = \pm\beta/2`).
+    (in float32, :math:`w_i = \pm\beta/2` once :math:`|\bar{\mathcal L}/\alpha|
+    \gtrsim 17`).
 
     Args:
       normalized_losses: float ``[K]`` from :func:`normalize_class_losses`.
@@ -156,7 +105,7 @@ def _weights64(normalized, alpha, beta):
 
 
 def default_alpha_bounds(num_classes: int) -> tuple[float, float]:
-    """``(0.1, max(ln(K) / 2, 1))``: the released code's bounds, see module."""
+    """``(0.1, max(ln(K) / 2, 1))``: the released code's, widened to hold 1."""
     return (0.1, max(math.log(num_classes) / 2.0, 1.0))
 
 
@@ -220,7 +169,7 @@ def fit_alpha_beta(
 
 @functools.lru_cache(maxsize=64)
 def _compiled(method: _base.Method):
-    """Jitted pieces of a method (cached per Method instance)."""
+    """Jitted pieces of a method."""
 
     def class_losses(params, z, labels, weights):
         nll = _core.per_example_nll(method.apply(params, z), labels)
@@ -259,9 +208,20 @@ def fit_classwise(
 ) -> tuple[Any, dict[str, Any]]:
     r"""Trains ``method`` with class-wise loss scaling (Eqs. (3)–(8) of [1]).
 
-    Host function (SLSQP runs in scipy): not jittable or vmappable; the
-    base method's training runs jitted. See the module docstring for the
-    procedure and its conventions.
+    The weights :math:`w_i` (:func:`scaling_weights`) of the ND-normalised
+    class losses (:func:`normalize_class_losses`) scale the base method's
+    objective :math:`\sum_i (1 + w_i) \mathcal L_{C_i}` (Eqs. (7)-(8)), with
+    :math:`\alpha, \beta` fitted once by :func:`fit_alpha_beta` from the class
+    losses before and after one training iteration (one L-BFGS iteration for
+    TS, ETS and CTS, one Adam step for PTS), then frozen. Conventions where the
+    paper leaves room, as in the released code: :math:`\mathcal L_{C_i}` is the
+    *mean* NLL of class :math:`i` (Eq. (3) writes a sum); absent classes get no
+    weight; the alpha bounds are the code's :math:`[0.1, \ln(K)/2]` raised to 1
+    when below it (the start :math:`\alpha = 1` stays feasible); :math:`\beta
+    \le 2` keeps every :math:`1 + w_i > 0`. The weights act as constants,
+    recomputed from the current parameters: ``rounds`` warm-started fits, each
+    with the previous fit's weights, until no weight moves by more than
+    ``weight_tol``. Host function (SLSQP in SciPy): not jittable.
 
     Args:
       method: the base :class:`~calib_jax.posthoc.Method` (TS,
@@ -271,7 +231,8 @@ def fit_classwise(
       where: optional bool ``[N]``; ``False`` rows are ignored.
       seed: initialisation seed (PTS).
       alpha0, beta0: SLSQP start (1.0, 1.5 in [1]).
-      alpha_bounds: SLSQP bounds of :math:`\alpha`; None = see module.
+      alpha_bounds: SLSQP bounds of :math:`\alpha`; None =
+        :func:`default_alpha_bounds`.
       beta_bounds: SLSQP bounds of :math:`\beta`.
       rounds: maximum number of weighted fits (fixed-point iterations).
       weight_tol: stop when no class weight changes by more than this.
@@ -283,9 +244,7 @@ def fit_classwise(
       and ``rounds`` (fits run).
 
     References:
-      [1] S. Jung, S. Seo, Y. Jeong, J. Choi, "Scaling of Class-wise Training
-      Losses for Post-hoc Calibration", ICML 2023, PMLR 202,
-      Eqs. (3)–(8), Sec. 5.1, App. A.
+      [1] S. Jung et al., ICML 2023, PMLR 202, Eqs. (3)–(8), Sec. 5.1, App. A.
     """
     logits, labels, where = _validate.check_inputs(logits, labels, where)
     rounds = _checks.check_positive_int("rounds", rounds)
@@ -298,8 +257,6 @@ def fit_classwise(
     losses0 = np.asarray(fns["class_losses"](params, z, labels, uniform))
     params = fns["train"](params, z, labels, uniform, 1)
     losses1 = np.asarray(fns["class_losses"](params, z, labels, uniform))
-    if alpha_bounds is None:
-        alpha_bounds = default_alpha_bounds(k)
     alpha, beta = fit_alpha_beta(
         losses0,
         losses1,

@@ -1,13 +1,6 @@
-r"""Shared pieces of the post-hoc fitters: input canonicalisation, sample
-weights, the weighted negative log-likelihood and a jittable L-BFGS loop.
-
-Every fitter minimises a *weighted* objective :math:`\sum_n \omega_n
-\ell_n(\theta)` with weights :math:`\omega_n \ge 0` summing to one. Plain
-fitting uses :math:`\omega_n = 1[\text{where}_n] / N_{\text{valid}}`; the
-class-wise loss scaling of ``_classwise_scaling.py`` passes per-class weights
-instead. Excluded rows get weight 0 and their logits are zeroed first, so
-NaN/inf in padding reaches neither value nor gradient.
-"""
+r"""Shared pieces of the post-hoc fitters. Each minimises :math:`\sum_n
+\omega_n \ell_n(\theta)`, weights summing to 1; excluded rows get weight 0 and
+zeroed logits, so NaN/inf in padding reaches neither value nor gradient."""
 
 from __future__ import annotations
 
@@ -21,25 +14,14 @@ from jax import lax
 
 
 def upcast(x) -> jax.Array:
-    """``x`` as a JAX array of float32, or of a wider float (bf16/fp16 and
-    integers become float32)."""
+    """``x`` as a JAX array of float32 or a wider float."""
     x = jnp.asarray(x)
     return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 def canonical(logits, labels, where=None):
-    """Upcasts logits to >= float32, labels to int32, and builds the weights.
-
-    Args:
-      logits: float ``[N, K]``.
-      labels: int ``[N]``.
-      where: optional bool ``[N]``; ``False`` rows get weight 0.
-
-    Returns:
-      ``(logits, labels, weights)`` with excluded rows of ``logits`` zeroed
-      (and their labels set to 0) and ``weights`` float ``[N]`` summing to 1
-      (all zero when nothing is included).
-    """
+    """``(logits >= float32, labels int32, weights [N])``: excluded rows
+    zeroed with label 0, weights summing to 1 (all 0 if no row is included)."""
     logits = upcast(logits)
     dtype = logits.dtype
     labels = jnp.asarray(labels).astype(jnp.int32)
@@ -67,8 +49,7 @@ def pick(x: jax.Array, labels: jax.Array) -> jax.Array:
 
 def weighted_nll(logits: jax.Array, labels: jax.Array, weights: jax.Array):
     r""":math:`\sum_n \omega_n (-\log \mathrm{softmax}(z_n)_{y_n})`, scalar."""
-    nll = jax.nn.logsumexp(logits, axis=-1) - pick(logits, labels)
-    return jnp.sum(weights * nll)
+    return jnp.sum(weights * per_example_nll(logits, labels))
 
 
 def per_example_nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -77,13 +58,8 @@ def per_example_nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 class LbfgsInfo(NamedTuple):
-    """Diagnostics of :func:`lbfgs_minimize` (all scalars).
-
-    Attributes:
-      num_iter: L-BFGS iterations run.
-      value: objective at the returned parameters.
-      grad_norm: max-norm of its gradient there.
-    """
+    """Scalars of :func:`lbfgs_minimize`: iterations run, and the objective
+    and its gradient's max-norm at the returned parameters."""
 
     num_iter: jax.Array
     value: jax.Array
@@ -101,27 +77,11 @@ def lbfgs_minimize(
 ):
     r"""Minimises ``fun`` with ``optax.lbfgs`` inside ``lax.while_loop``.
 
-    Each iteration computes one L-BFGS direction and a zoom line search
-    (strong Wolfe conditions); the value and gradient the line search computed
-    at the accepted point are reused through ``optax.value_and_grad_from_state``,
-    so an iteration costs one objective-and-gradient evaluation per line-search
-    trial (usually one). The loop stops after ``max_iter`` iterations, when the
-    max-norm of the gradient is at most ``gtol``, when the step is at most
-    ``xtol * (1 + |x|)`` (max-norms), or when the value becomes non-finite.
-
-    Pure and jittable; under ``jax.vmap`` the loop runs until every member
-    has stopped (finished members keep their parameters).
-
-    Args:
-      fun: scalar objective of a parameter pytree.
-      x0: initial parameter pytree (float arrays).
-      max_iter: maximum number of iterations (may be traced).
-      gtol: gradient max-norm tolerance.
-      xtol: relative step tolerance.
-      memory_size: static L-BFGS memory.
-
-    Returns:
-      ``(x, info)`` with the final parameters and an :class:`LbfgsInfo`.
+    One L-BFGS direction and zoom line search (strong Wolfe) per iteration;
+    stops after ``max_iter`` (may be traced) iterations, when the gradient's
+    max-norm is at most ``gtol``, the step at most ``xtol * (1 + |x|)``
+    (max-norms), or the value non-finite. Under ``jax.vmap`` finished members
+    keep their parameters. Returns ``(x, LbfgsInfo)``.
 
     References:
       [1] J. Nocedal and S. Wright, "Numerical Optimization", 2nd ed., 2006,
@@ -179,10 +139,7 @@ def class_sizes(labels: jax.Array, weights: jax.Array, num_classes: int):
 def class_mean_losses(
     losses: jax.Array, labels: jax.Array, weights: jax.Array, num_classes: int
 ):
-    """Per-class mean of per-example losses over included rows, ``[K]``.
-
-    Classes without an included row get 0.
-    """
+    """Per-class mean of ``losses`` over included rows, ``[K]`` (0 if none)."""
     included = weights > 0
     sums = jax.ops.segment_sum(
         jnp.where(included, losses, 0.0), labels, num_segments=num_classes
@@ -194,19 +151,8 @@ def class_mean_losses(
 def fit_nll_lbfgs(
     transform, params0, logits, labels, weights, *, max_iter, tol, penalty=None
 ):
-    """L-BFGS on ``sum_n w_n NLL(transform(params, logits))_n (+ penalty)``.
-
-    Args:
-      transform: ``(params, logits [N, K]) -> calibrated logits [N, K]``.
-      params0: initial parameter pytree.
-      logits, labels, weights: the data (weights sum to 1).
-      max_iter: iteration cap (may be traced).
-      tol: gradient max-norm tolerance.
-      penalty: optional ``params -> scalar`` regulariser.
-
-    Returns:
-      The fitted parameters.
-    """
+    """The parameters minimising ``sum_n w_n NLL(transform(params, logits))_n``
+    (``+ penalty(params)``) by :func:`lbfgs_minimize` from ``params0``."""
     logits = jax.lax.stop_gradient(logits)
 
     def objective(params):

@@ -1,28 +1,8 @@
-r"""CPU drop-ins for plain forms of :mod:`calib_jax.posthoc` (see
-:mod:`calib_jax.kernels`).
-
-Kernel family ``'posthoc_temperature'``: the row sums :math:`S_n(s)` of
-temperature scaling and the NLL and top-label confidences in
-:math:`u = \log T` (plain forms and their equations in ``_temperature.py``).
-On XLA:CPU the plain one-pass sums materialise the ``[N, K]`` exponentials (a
-fresh buffer per call), and JAX autodiff makes a second pass for the
-derivative. Here a ``lax.fori_loop`` walks over blocks of rows (about
-:data:`BLOCK_ELEMENTS` entries each) so one block's exponentials stay in cache,
-and a custom JVP computes the derivative from the same pass, using
-
-.. math::
-
-    W_n(s) = \sum_k e^{s (z_{nk} - m_n)} (z_{nk} - m_n) = S_n'(s).
-
-The last block is shifted back to end at row ``N`` (it recomputes a few rows,
-writing the same values).
-
-Kernel family ``'posthoc_order_statistics'``: the equal-mass cuts of
-histogram binning (plain form ``_reduction.grouped_cut``, a sort of
-(group, score) and a cut at the wanted ranks). XLA:CPU sorts are slow; here
-the order statistics come from a most-significant-digit-first radix select
-over the scores' float32 bit patterns, one scatter-add per digit, no sort.
-"""
+r"""CPU drop-ins (:mod:`calib_jax.kernels`) for plain forms of the post-hoc
+fits: family ``'posthoc_temperature'``, the temperature-scaling row sums over
+blocks of rows with their derivative from the same pass (custom JVPs); family
+``'posthoc_order_statistics'``, histogram binning's equal-mass cuts by a radix
+select on float32 bit patterns instead of a sort."""
 
 from __future__ import annotations
 
@@ -42,8 +22,9 @@ def block_rows(n: int, k: int) -> int:
 
 
 def exp_sums(z, m, s, *, with_w: bool = False):
-    """Drop-in for ``_temperature.exp_sums``: :math:`S(s)` (and :math:`W(s)`
-    when ``with_w``), each ``[N]``, one block of rows at a time."""
+    r"""Drop-in for ``_temperature.exp_sums``: :math:`S_n(s)` (and, ``with_w``,
+    :math:`W_n(s) = \sum_k e^{s (z_{nk} - m_n)} (z_{nk} - m_n) = S_n'(s)`),
+    ``[N]``, a block of rows at a time (the last block shifted back to end at N)."""
     n, k = z.shape
     rows = block_rows(n, k)
     num_blocks = -(-n // rows)
@@ -108,14 +89,9 @@ def _top_confidence_of_log_t_jvp(primals, tangents):
 
 def grouped_cut(v, group, *, num_groups, ranks, top_label_of=0):
     """Drop-in for ``_reduction.grouped_cut`` by :func:`grouped_order_statistics`
-    on uint32 keys ordering like the scores.
-
-    Top-label confidences of ``top_label_of = K`` classes lie in
-    :math:`[\\mathrm{fl}(1/K), 1]`, so their keys, offset by the bit pattern of
-    :math:`\\mathrm{fl}(1/K)` less a margin of 2**12, span about
-    :math:`2^{23} \\log_2 K` patterns and take fewer digits; other scores use
-    all 32 bits. Values of empty groups are unspecified.
-    """
+    on uint32 keys ordering like the scores. Top-label confidences of
+    ``top_label_of = K`` classes lie in [fl(1/K), 1], so their keys take fewer
+    bits. Values of empty groups are unspecified."""
     bits = lax.bitcast_convert_type(v.astype(jnp.float32) + 0.0, jnp.uint32)
     if top_label_of:
         one_over_k = np.float32(1.0) / np.float32(top_label_of)
@@ -155,13 +131,10 @@ def grouped_order_statistics(
 ):
     """The ``ranks[g, r]``-th smallest ``bits`` among the rows of group ``g``.
 
-    A most-significant-digit-first radix select, as
-    :func:`calib_jax.metrics._order_statistics.order_statistics`, for ``G`` groups at
-    once: every pass histograms one digit of each row into the slot of its
-    group and the wanted ranks whose higher digits it matches (ranks sharing
-    those digits share a slot), then picks each rank's digit from the
-    cumulative counts. Each pass is one scatter-add and one gather over the
-    rows; exact for any keys, ties included.
+    A most-significant-digit-first radix select for ``G`` groups at once:
+    each pass histograms one digit of each row into the slot of its group and
+    the ranks whose higher digits it matches, then picks each rank's digit
+    from the cumulative counts. Exact for any keys, ties included.
 
     Args:
       bits: uint32 ``[M]`` keys (non-negative float32 bit patterns order like

@@ -17,8 +17,7 @@ def apply_cts(params, logits: jax.typing.ArrayLike) -> jax.Array:
         \mathrm{CTS}(z) = (z_1/T_1, \dots, z_K/T_K) \qquad
         \text{(Eq. (15) of [2])}
 
-    **Not accuracy-preserving**: different divisors per class can reorder
-    the logits, so the argmax (and accuracy) may change, for better or worse
+    **Not accuracy-preserving**: per-class divisors can reorder the logits
     (App. B of [2]).
 
     Args:
@@ -75,11 +74,9 @@ def fit_cts(
         \min_{T \in \mathbb{R}_{>0}^K} -\sum_n \omega_n \log
         \mathrm{softmax}\big((z_{nk} / T_k)_k\big)_{y_n},
 
-    from :math:`T_k = 1`, by ``optax.lbfgs`` on :math:`\log T`, as the
-    experiments of [2] train CTS (NLL, L-BFGS, no weight decay). Not
-    accuracy-preserving (:func:`apply_cts`). A class without samples only
-    enters through the softmax denominators, so its temperature is weakly
-    determined.
+    from :math:`T_k = 1`, as the experiments of [2] train CTS (NLL, L-BFGS,
+    no weight decay). Not accuracy-preserving. A class without samples only
+    enters the softmax denominators: its temperature is weakly determined.
 
     Args:
       logits: float ``[N, K]``.

@@ -17,10 +17,8 @@ def apply_dirichlet(params, logits: jax.typing.ArrayLike) -> jax.Array:
         \hat q = \mathrm{softmax}\big(W \ln q + b\big), \qquad
         q = \mathrm{softmax}(z),
 
-    the Dirichlet calibration map of [1] (a linear layer on the
-    log-probabilities). ``log_softmax(z)`` is used for :math:`\ln q`, so no
-    clipping of probabilities is needed. **Not accuracy-preserving**: a full
-    :math:`W` and :math:`b` can change the argmax.
+    the Dirichlet calibration map of [1], with ``log_softmax(z)`` for
+    :math:`\ln q` (no clipping). **Not accuracy-preserving**.
 
     Args:
       params: ``{'W': float [K, K], 'b': float [K]}`` from
@@ -90,12 +88,10 @@ def fit_dirichlet(
         b)_{y_n} + \frac{\lambda}{K(K-1)} \sum_{i \ne j} W_{ij}^2 +
         \frac{\mu}{K} \sum_{j} b_j^2,
 
-    :math:`\lambda` = ``off_diagonal``, :math:`\mu` = ``intercept``, the
-    NLL averaged over samples (:math:`\omega_n = 1/N`). ODIR leaves the
-    diagonal of :math:`W` free, so the map can still rescale each class like
-    a temperature, and shrinks the :math:`K(K-1)` interactions and the
-    intercepts. [1] selects :math:`\lambda, \mu` by cross-validation; the
-    defaults here (0.01 each) are fixed. Not accuracy-preserving.
+    :math:`\lambda` = ``off_diagonal``, :math:`\mu` = ``intercept``,
+    :math:`\omega_n = 1/N`. ODIR leaves the diagonal of :math:`W` free. [1]
+    selects :math:`\lambda, \mu` by cross-validation; the defaults here (0.01
+    each) are fixed. Not accuracy-preserving.
 
     Args:
       logits: float ``[N, K]``.
@@ -110,10 +106,8 @@ def fit_dirichlet(
       ``{'W': float32 [K, K], 'b': float32 [K]}``.
 
     References:
-      [1] M. Kull et al., "Beyond Temperature Scaling: Obtaining
-      Well-Calibrated Multiclass Probabilities with Dirichlet Calibration",
-      NeurIPS 2019, arXiv:1910.12656 (the calibration map and its ODIR
-      regularisation).
+      [1] M. Kull et al., NeurIPS 2019, arXiv:1910.12656 (the calibration map
+      and its ODIR regularisation).
 
     Examples:
       >>> import jax, jax.numpy as jnp

@@ -36,8 +36,7 @@ def apply_ets(params, logits: jax.typing.ArrayLike, *, form: str = "original"):
     which, since the constant cancels in the softmax, is temperature scaling
     with :math:`T_{\mathrm{eff}} = 1/(w_1/T + w_2)`.
 
-    Both preserve the argmax whenever :math:`w_1 + w_2 > 0` (the two softmax
-    terms and :math:`z` are order-preserving in :math:`z`).
+    Both preserve the argmax whenever :math:`w_1 + w_2 > 0`.
 
     Args:
       params: ``{'temperature': T, 'weights': w [3]}`` from :func:`fit_ets_params`.
@@ -112,13 +111,10 @@ def fit_ets_params(
 ) -> dict[str, jax.Array]:
     r"""Fits ensemble temperature scaling in two stages, both by NLL.
 
-    Stage 1 fits :math:`T` by NLL temperature scaling (as
-    :func:`fit_temperature` with ``objective='nll'``). Stage 2 fits the
-    simplex weights :math:`w = \mathrm{softmax}(v)` with :math:`T` fixed,
-    minimising the NLL of the map of :func:`apply_ets` (``form``) by L-BFGS
-    on :math:`v` from :math:`w = (1/3, 1/3, 1/3)`. For ``'original'`` the
-    stage-2 NLL only needs the label entries of the two log-softmaxes, so
-    after one pass it is ``O(N)`` per iteration:
+    Stage 1 fits :math:`T` as :func:`fit_temperature` (``objective='nll'``).
+    Stage 2 fits the simplex weights :math:`w = \mathrm{softmax}(v)` with
+    :math:`T` fixed by L-BFGS on :math:`v` from :math:`w = (1/3, 1/3, 1/3)`,
+    minimising the NLL of :func:`apply_ets` (``form``); for ``'original'``:
 
     .. math::
 
@@ -126,10 +122,9 @@ def fit_ets_params(
         \mathrm{softmax}(z_n/T)_{y_n} + w_2 \mathrm{softmax}(z_n)_{y_n} +
         w_3/K\big).
 
-    Zhang et al. fit :math:`w` with SLSQP on the simplex (their code also
-    offers an MSE loss); the class-wise paper's code leaves :math:`w`
-    unconstrained and trains :math:`T, w` jointly in logit space. Here
-    :math:`w` stays on the simplex for both forms.
+    Zhang et al. fit :math:`w` by SLSQP on the simplex; the class-wise
+    paper's code leaves :math:`w` free and trains :math:`T, w` jointly in logit
+    space. Here :math:`w` stays on the simplex for both forms.
 
     Args:
       logits: float ``[N, K]``.

@@ -11,9 +11,7 @@ from calib_jax import _checks
 from calib_jax.posthoc import _base, _core, _reduction, _validate
 
 BINNINGS = ("equal_mass", "equal_width")
-# Where an equal-mass threshold sits between two groups: at the last score
-# of the lower group ("data"), or midway to the first of the next
-# ("midpoint", uncertainty-calibration's get_equal_bins).
+# An equal-mass threshold at the last score of its group, or midway to the next.
 THRESHOLDS = ("data", "midpoint")
 
 
@@ -37,14 +35,11 @@ def bin_index(thresholds, v, cls):
         return jnp.zeros(v.shape, jnp.int32)
     if t > _MAX_COMPARE:
         return _reduction.segmented_searchsorted(thresholds, cls, v, side="left")
+    # One-vs-rest: the thresholds of column k broadcast over the rows.
+    rows = thresholds[None] if v.ndim == 2 else thresholds[cls]
     count = jnp.zeros(v.shape, jnp.int32)
-    if v.ndim == 2:  # one-vs-rest: the thresholds of column k broadcast
-        for j in range(t):
-            count = count + (v > thresholds[None, :, j]).astype(jnp.int32)
-        return count
-    rows = thresholds[cls]
     for j in range(t):
-        count = count + (v > rows[:, j]).astype(jnp.int32)
+        count = count + (v > rows[..., j]).astype(jnp.int32)
     return count
 
 
@@ -94,12 +89,8 @@ def apply_histogram_binning(
 
     A score :math:`v` of class :math:`l` falls in bin :math:`b(v) = \#\{j :
     v > t_{l,j}\}` (bins :math:`(t_{l,j}, t_{l,j+1}]`) and is replaced by
-    that bin's validation frequency :math:`\theta_{l,b(v)}`. ``variant``
-    decides the scores and how the per-class probabilities make a row (see
-    :mod:`calib_jax.posthoc._reduction`): ``'top_label'`` recalibrates the
-    confidence of the predicted class and scales the others to fill the
-    simplex, ``'one_vs_rest'`` recalibrates every class probability and
-    normalises the row. Not accuracy-preserving in general.
+    that bin's validation frequency :math:`\theta_{l,b(v)}`; the variants'
+    reductions to rows: ``docs/posthoc.md``. Not accuracy-preserving in general.
 
     Args:
       params: ``{'thresholds': [K, M-1], 'values': [K, M], 'fitted': bool
@@ -146,36 +137,27 @@ def fit_histogram_binning(
     validation frequency.
 
     For each class :math:`l` (the predicted class for ``'top_label'``, every
-    class for ``'one_vs_rest'``; see :mod:`calib_jax.posthoc._reduction`),
-    the scores :math:`v_i` of its :math:`n_l` validation rows (top-label
-    confidences, or :math:`p_{il}`) and binary targets :math:`o_i`
-    (prediction correct, or :math:`1[y_i = l]`) give
+    class for ``'one_vs_rest'``), the scores :math:`v_i` of its :math:`n_l`
+    validation rows (top-label confidences, or :math:`p_{il}`) and binary
+    targets :math:`o_i` (prediction correct, or :math:`1[y_i = l]`) give
 
     .. math::
 
         \theta_{l,b} = \frac{\sum_i 1[b(v_i) = b]\, o_i}{\sum_i 1[b(v_i) = b]},
         \qquad b(v) = \#\{j : v > t_{l,j}\},
 
-    the fraction of positives in each bin (Sec. 3 of [1]). Bins are
-    ``'equal_mass'`` by default: the :math:`M - 1` thresholds are the order
-    statistics :math:`t_{l,j} = v_{(R_j - 1)}` that cut the sorted scores into
-    :math:`M` groups of :math:`\lfloor n_l / M\rfloor` or :math:`\lceil n_l /
-    M\rceil` (the bins of [2]; the same groups as
-    :func:`calib_jax.metrics.adaptive_ece`), read off the sorted scores
-    (a radix select on the CPU); tied scores share a bin. ``thresholds='midpoint'``
-    moves each equal-mass threshold to the midpoint between the last score
-    of its group and the first of the next, :math:`t_{l,j} = (v_{(R_j -
-    1)} + v_{(R_j)})/2` (``get_equal_bins`` of uncertainty-calibration [3];
-    rounded down to a float32, so that a float32 score is binned as by the
-    exact midpoint): the validation rows fall in the same bins, a new score
-    between the two is binned by the nearer. ``'equal_width'`` uses
-    :math:`t_j = j / M`. A bin without validation rows (possible only above
-    the largest score, or for equal-width bins) takes the value of the
-    nearest non-empty bin below it, or above if there is none; a class with no
-    rows at all (a class never predicted, for ``'top_label'``) keeps the
-    uncalibrated score (``fitted = False``).
-
-    Pure and jittable (``num_bins``, ``variant`` and ``binning`` static).
+    the fraction of positives in each bin (Sec. 3 of [1]). ``'equal_mass'``
+    thresholds are the order statistics :math:`t_{l,j} = v_{(R_j - 1)}`
+    cutting the sorted scores into :math:`M` groups of :math:`\lfloor n_l /
+    M\rfloor` or :math:`\lceil n_l / M\rceil` (the bins of [2] and of
+    :func:`calib_jax.metrics.adaptive_ece`; tied scores share a bin);
+    ``thresholds='midpoint'`` moves each to :math:`(v_{(R_j - 1)} +
+    v_{(R_j)})/2` (``get_equal_bins`` of [3]), rounded down to a float32 so a
+    float32 score is binned as by the exact midpoint. ``'equal_width'`` uses
+    :math:`t_j = j / M`. An empty bin takes the value of the nearest
+    non-empty bin below (else above); a class without rows keeps the
+    uncalibrated score (``fitted = False``). Jittable (``variant``,
+    ``num_bins``, ``binning`` static). More: ``docs/posthoc.md``.
 
     Args:
       logits: float ``[N, K]``.
@@ -197,11 +179,9 @@ def fit_histogram_binning(
         labels out of range (one line).
 
     References:
-      [1] B. Zadrozny, C. Elkan, "Obtaining calibrated probability estimates
-      from decision trees and naive Bayesian classifiers", ICML 2001, Sec. 3.
-      [2] C. Gupta, A. Ramdas, "Top-label calibration and multiclass-to-binary
-      reductions", ICLR 2022, arXiv:2107.08353v3, Sec. 4 (top-label histogram
-      binning with equal-mass bins).
+      [1] B. Zadrozny, C. Elkan, ICML 2001, Sec. 3.
+      [2] C. Gupta, A. Ramdas, ICLR 2022, arXiv:2107.08353v3, Sec. 4 (top-label
+      histogram binning with equal-mass bins).
       [3] A. Kumar, P. Liang, T. Ma, "Verified Uncertainty Calibration",
       NeurIPS 2019, arXiv:1909.10155v5; its package uncertainty-calibration
       0.1.4, ``calibration/utils.py``, ``get_equal_bins``.
@@ -249,14 +229,9 @@ def fit_histogram_binning(
 
 
 def floor_midpoint(a, b):
-    """The largest float32 not above the exact midpoint of float32 ``a <= b``.
-
-    ``a + b`` rounded, plus its exact rounding error (Knuth's TwoSum), tell
-    whether the rounded half lies above the exact midpoint; if so, the next
-    float32 below it is taken. A float32 score ``v`` then satisfies ``v >
-    result`` exactly when ``v > (a + b) / 2`` in exact arithmetic (normal
-    floats; for ``a, b`` in [0, 1] the midpoint stays in ``[a, b]``).
-    """
+    """The largest float32 not above the exact midpoint of float32 ``a <= b``:
+    the rounding error of ``a + b`` (Knuth's TwoSum) tells whether the rounded
+    half lies above it. So ``v > result`` exactly when ``v > (a + b) / 2``."""
     a = a.astype(jnp.float32)
     b = b.astype(jnp.float32)
     s = a + b
@@ -313,20 +288,7 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning, midpoint=Fals
             count_le = count_le[:, 0::2]
             thresholds = floor_midpoint(thresholds[:, 0::2], thresholds[:, 1::2])
     size = k * num_bins + 1
-    if variant == "top_label" and count_le is not None:
-        # Equal-mass bins: the order statistics counted the rows up to each
-        # threshold, so the bins' counts are their differences, and only the
-        # correct predictions need a scatter (their bins by binary search).
-        bins = _reduction.segmented_searchsorted(thresholds, cls, v, side="left")
-        hit = (group < k) & (cls == labels)
-        seg = jnp.where(hit, group * num_bins + bins, k * num_bins)
-        hits = jax.ops.segment_sum(jnp.ones((n,), jnp.int32), seg, size)
-        hits = hits[:-1].reshape(k, num_bins)
-        edges = jnp.concatenate(
-            [jnp.zeros((k, 1), jnp.int32), count_le, sizes[:, None]], axis=1
-        )
-        count = jnp.diff(edges, axis=1)
-    elif variant == "top_label":
+    if variant == "top_label" and count_le is None:
         # Counts and correct predictions per (predicted class, bin): one
         # scatter over the N rows.
         bins = bin_index(thresholds, v, cls)
@@ -335,17 +297,26 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning, midpoint=Fals
         sums = jax.vmap(lambda d: jax.ops.segment_sum(d, seg, size))(both)
         count, hits = (a[:-1].reshape(k, num_bins) for a in sums)
     else:
-        # Positives are the N entries (n, y_n): a scatter over N rows, not N K.
-        v_pos = jnp.take_along_axis(v, labels[:, None], axis=1)[:, 0]
-        bins = bin_index(thresholds, v_pos, labels)
-        seg = jnp.where(keep, labels * num_bins + bins, k * num_bins)
+        if variant == "top_label":
+            # Equal-mass bins: the order statistics counted the rows up to each
+            # threshold, so the bins' counts are their differences, and only the
+            # correct predictions need a scatter (their bins by binary search).
+            bins = _reduction.segmented_searchsorted(thresholds, cls, v, side="left")
+            hit = (group < k) & (cls == labels)
+            seg = jnp.where(hit, group * num_bins + bins, k * num_bins)
+        else:
+            # Positives are the N entries (n, y_n): a scatter over N rows, not N K.
+            v_pos = jnp.take_along_axis(v, labels[:, None], axis=1)[:, 0]
+            bins = bin_index(thresholds, v_pos, labels)
+            seg = jnp.where(keep, labels * num_bins + bins, k * num_bins)
+            if count_le is None:  # count_le[k, j] = #{n : v_nk <= t_kj}
+                count_le = jnp.zeros((k, 0), jnp.int32)
+                for j in range(num_bins - 1):
+                    below = (v <= thresholds[None, :, j]) & keep[:, None]
+                    below = jnp.sum(below, axis=0)
+                    count_le = jnp.concatenate([count_le, below[:, None]], axis=1)
         hits = jax.ops.segment_sum(jnp.ones((n,), jnp.int32), seg, size)
         hits = hits[:-1].reshape(k, num_bins)
-        if count_le is None:  # count_le[k, j] = #{n : v_nk <= t_kj}
-            count_le = jnp.zeros((k, 0), jnp.int32)
-            for j in range(num_bins - 1):
-                below = jnp.sum((v <= thresholds[None, :, j]) & keep[:, None], axis=0)
-                count_le = jnp.concatenate([count_le, below[:, None]], axis=1)
         edges = jnp.concatenate(
             [jnp.zeros((k, 1), jnp.int32), count_le, sizes[:, None]], axis=1
         )

@@ -1,12 +1,5 @@
-r"""AU_Pxτ's histogram: the smoothed CDF, its quantile, and the running state.
-
-The weights of AU_Pxτ (Zhou et al. 2025) read the confidence scores through a
-histogram (Eq. (14)) smoothed by sigmoids (Eq. (15)). Here are the CDF's log
-survival function, the coverage quantile that sets τ, and
-:func:`au_pxtau_update_hist`: Algorithm 1 updates the histogram with every
-batch before weighting it; the update is pure, for a state the caller threads
-through its loop and passes to :func:`~calib_jax.losses.au_pxtau` as ``hist``.
-"""
+r"""AU_Pxτ's histogram (Zhou et al. 2025, Eqs. (14)-(15)): the smoothed CDF, its
+quantile, the running state, and the released code's score, bins and CDF."""
 
 from __future__ import annotations
 
@@ -37,10 +30,8 @@ _AU_TINY = 1e-12  # hist_rank.py: floor of the bin counts and of the total
 
 
 def coverage_threshold(hist, edges, coverage) -> jax.Array:
-    """τ such that a fraction ``coverage`` of the histogram mass lies below it.
-
-    The quantile of the histogram, linearly interpolated inside its bin (no sort).
-    """
+    """τ with a fraction ``coverage`` of the histogram mass below it, linearly
+    interpolated inside its bin (no sort)."""
     num_bins = hist.shape[0]
     cum = jnp.cumsum(hist)
     target = coverage * cum[-1]
@@ -51,12 +42,9 @@ def coverage_threshold(hist, edges, coverage) -> jax.Array:
 
 
 def log_survival(score, hist, centres, nu) -> jax.Array:
-    r"""``log(1 - Ĝ_ν(score))`` of Eq. (15), computed in log space, ``[B]``.
-
-    :math:`1 - \hat G_\nu(s) = \frac{1}{n}\sum_k h_k\,\sigma((c_k - s)/\nu)`, so
-    ``log_sigmoid`` and a weighted logsumexp give it without cancellation or
-    underflow.
-    """
+    """``log(1 - Ĝ_ν(score))`` of Eq. (15), ``[B]``: ``1 - Ĝ_ν(s) = sum_k h_k
+    sigmoid((c_k - s) / ν) / n``, a weighted logsumexp of log-sigmoids (no
+    cancellation, no underflow)."""
     n = jnp.maximum(jnp.sum(hist), 1.0)
     a = jax.nn.log_sigmoid((centres[None, :] - score[:, None]) / nu)
     occupied = hist > 0
@@ -80,12 +68,11 @@ def au_pxtau_update_hist(
 
         h^{\text{new}}_k = \text{decay}\cdot h_k + \sum_{i} 1[e_k \le g_i < e_{k+1}]
 
-    (Eq. (14) of [1] for the batch, with the bins of :func:`au_pxtau`). Start
-    from ``jnp.zeros(num_bins)``; ``decay=1`` accumulates plain counts (reset the
-    state when the CDF should forget, e.g. every epoch), ``decay < 1`` keeps an
-    exponential moving histogram. Call it *before* :func:`au_pxtau` on the same
-    batch and pass its result as ``hist``, as Algorithm 1 (line 4) of [1] updates
-    the CDF before computing the weights. The counts carry no gradient.
+    (Eq. (14) of [1], the bins of :func:`au_pxtau`). Start from
+    ``jnp.zeros(num_bins)``; ``decay=1`` accumulates counts (zero the state to
+    forget, e.g. every epoch), ``decay < 1`` keeps a moving histogram. Call it
+    *before* :func:`au_pxtau` on the same batch (Algorithm 1, line 4) and pass
+    the result as ``hist``. The counts carry no gradient.
 
     Args:
       hist: float ``[M]`` running counts; ``M`` sets the number of bins.
@@ -141,22 +128,14 @@ def _update_hist(hist, logits, mask, decay, *, csf, variant):
     return jnp.asarray(decay, counts.dtype) * hist.astype(counts.dtype) + counts
 
 
-# ---------------------------------------------------------------------------
 # The released code (han678/CalibWeightedRisk, loss/selectAU.py, loss/aurc.py,
-# loss/hist_rank.py): the score, the bins and the CDF that ``au_pxtau``'s
-# docstring lists as its differences from the paper.
-# ---------------------------------------------------------------------------
+# loss/hist_rank.py): the differences ``au_pxtau``'s docstring lists.
 
 
 def au_score(logits: jax.Array, csf: str) -> jax.Array:
-    """The released confidence score of ``SelectiveAULoss``, ``[B]``.
-
-    ``s = clamp(softmax(z), 1e-9, 1 - 1e-9)``; 'msp' and 'softmax_margin' are
-    taken on ``clamp(softmax(s), 1e-9, 1 - 1e-9)`` (the score function applies
-    its own softmax to the already-normalised ``s``); 'neg_entropy' is
-    ``sum s log s`` normalised as ``clamp((g - log K) / (0 - log K), 0, 1)``,
-    which is 1 for every ``g <= 0``.
-    """
+    """The released confidence score of ``SelectiveAULoss``, ``[B]``: 'msp' and
+    'softmax_margin' of a second softmax of ``s = clamp(softmax(z))``;
+    'neg_entropy' ``sum s log s`` normalised and clamped to [0, 1] (always 1)."""
     k = logits.shape[1]
     s = clamp(jax.nn.softmax(logits, axis=1), _AU_EPS, 1.0 - _AU_EPS)
     if csf == "neg_entropy":
@@ -167,8 +146,7 @@ def au_score(logits: jax.Array, csf: str) -> jax.Array:
     top = first_max(q)
     if csf == "msp":
         return top
-    # torch.topk(q, 2): the runner-up is the first maximum once the top index
-    # is taken out.
+    # torch.topk(q, 2): the runner-up is the first maximum without the top index.
     idx = jnp.argmax(lax.stop_gradient(q), axis=1).astype(jnp.int32)
     cols = lax.broadcasted_iota(jnp.int32, q.shape, 1)
     second = first_max(jnp.where(cols == idx[:, None], -jnp.inf, q))
@@ -181,8 +159,8 @@ def au_edges(num_bins: int, dtype) -> jax.Array:
 
 
 def au_cdf(x: jax.Array, counts: jax.Array, centres: jax.Array, nu) -> jax.Array:
-    """``DifferentiableHistogramCDF.cdf``: sigmoids weighted by the counts
-    (floored at 1e-12), over the total (floored at 1e-12)."""
+    """``DifferentiableHistogramCDF.cdf``: sigmoids weighted by the counts over
+    the total (both floored at 1e-12)."""
     w = jnp.maximum(counts, _AU_TINY)
     total = jnp.maximum(jnp.sum(counts), _AU_TINY)
     sig = jax.nn.sigmoid((x[:, None] - centres[None, :]) / nu)

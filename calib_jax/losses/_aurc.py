@@ -1,9 +1,4 @@
-r"""AURC as a training loss (Zhou et al. 2025, Def. 3.3; Geifman et al. 2019).
-
-A batch-level reweighted risk :math:`\frac{1}{n}\sum_i \alpha_i \ell_i`
-whose weights depend on the rank of the confidence score :math:`g(z_i)` in
-the batch; the only loss of the package that sorts over the batch.
-"""
+r"""AURC as a training loss (Zhou et al. 2025, Def. 3.3; Geifman et al. 2019)."""
 
 from __future__ import annotations
 
@@ -29,12 +24,10 @@ def aurc(
 ) -> jax.Array:
     r"""Empirical AURC of the cross-entropy, as a training loss (batch-level).
 
-    Definition 3.3 of [1] writes the area under the risk–coverage curve as the
-    reweighted risk :math:`-\mathbb{E}[\ln(1 - G(x))\,\ell(f(x), y)]`, with
-    :math:`G` the CDF of the confidence score :math:`g`. On a batch of :math:`n`
-    samples ranked by decreasing score (rank :math:`r_i = 1` is the most
-    confident), the exact finite-sample counterpart of that weight is the
-    harmonic tail
+    Def. 3.3 of [1] writes the AURC as the reweighted risk
+    :math:`-\mathbb{E}[\ln(1 - G(x))\,\ell(f(x), y)]`, :math:`G` the CDF of
+    the confidence score. With the batch ranked by decreasing score (rank
+    :math:`r_i = 1` the most confident), its exact finite-sample weight is
 
     .. math::
 
@@ -42,25 +35,11 @@ def aurc(
         \mathrm{AURC} = \frac{1}{n}\sum_{i=1}^{n} \alpha_i\,\ell_i
         = \frac{1}{n}\sum_{m=1}^{n}\ \frac{1}{m}\sum_{i:\,r_i \le m} \ell_i,
 
-    i.e. exactly the mean over the :math:`n` coverages :math:`m/n` of the
-    selective risk (Eq. (5) of [1]) of the :math:`m` most confident samples.
-    :math:`\alpha_i \approx -\ln((r_i - 1)/n) = -\ln(1 - G(x_i))` for large
-    :math:`n`; the plug-in :math:`-\ln(1-\hat G)` itself is infinite for the top
-    sample, so the harmonic form is used. Samples with tied scores get the mean of
-    their group's :math:`\alpha` (the expectation over random tie-breaking), which
-    keeps the loss permutation invariant.
-
-    The per-sample loss :math:`\ell_i` is the cross-entropy
-    :math:`-\log p_{y_i}`: [1] keeps :math:`\ell` generic ("such as
-    cross-entropy", Sec. 3.1) and trains AURC as a baseline loss, which needs a
-    differentiable :math:`\ell` (the 0/1 loss of the AURC *metric* has no
-    gradient; ``calib_jax.metrics`` evaluates that one). The weights
-    depend on the batch only through the ranking, which is piecewise constant:
-    they carry no gradient (``stop_gradient`` on the score), so the gradient is
-    :math:`\frac{1}{n}\sum_i \alpha_i \nabla \ell_i`.
-
-    This is the only loss of the package that sorts over the batch
-    (:math:`O(n\log n)`); :func:`au_pxtau` avoids the sort.
+    the mean over the :math:`n` coverages :math:`m/n` of the selective risk
+    (Eq. (5) of [1]). Tied scores share the mean :math:`\alpha` of their group.
+    :math:`\ell_i = -\log p_{y_i}` ([1] keeps :math:`\ell` generic, Sec. 3.1;
+    the 0/1 AURC *metric* is ``calib_jax.metrics.aurc``). The weights carry no
+    gradient: the gradient is :math:`\frac{1}{n}\sum_i \alpha_i \nabla \ell_i`.
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities.
@@ -70,13 +49,12 @@ def aurc(
       where: optional bool ``[B]``; ``False`` rows are ignored (padding).
 
     Returns:
-      float32 scalar over the unmasked batch; global-batch semantics under
-      data-sharded jit (the sort spans all devices).
+      float32 scalar over the unmasked batch (0 for an empty batch; global
+      under data-sharded jit).
 
     References:
-      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
-      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss", 2025,
-      Def. 3.3 and Eq. (5).
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC, Focal and
+      Inverse Focal Loss", 2025, Def. 3.3 and Eq. (5).
       [2] Y. Geifman, G. Uziel, R. El-Yaniv, "Bias-Reduced Uncertainty
       Estimation for Deep Neural Classifiers", ICLR 2019 (the AURC).
 
@@ -88,7 +66,7 @@ def aurc(
     """
     csf = check_csf(csf)
     logits, labels, mask = prepare(logits, labels, where)
-    if logits.shape[0] == 0:  # an empty batch: 0, like every batch-level loss
+    if logits.shape[0] == 0:
         return jnp.zeros((), logits.dtype)
     return _aurc(logits, labels, mask, csf=csf)
 
@@ -111,7 +89,6 @@ def _aurc(logits, labels, mask, *, csf):
     inv = jnp.where(rank <= n, 1.0 / rank, 0.0)
     # alpha_r = sum_{m=r}^{n} 1/m, summed from the small end for accuracy.
     alpha = jnp.cumsum(inv[::-1])[::-1]
-    # Tied scores share the mean alpha of their group.
     group = jnp.cumsum(new_group.astype(jnp.int32)) - 1
     group_sum = jax.ops.segment_sum(alpha, group, num_segments=b)
     group_size = jax.ops.segment_sum(jnp.ones_like(alpha), group, num_segments=b)

@@ -1,10 +1,5 @@
-r"""Confidence score functions (CSFs) and the binning of their values.
-
-The CSFs of Zhou et al. (2025), Appendix Table 1: :func:`msp`,
-:func:`neg_entropy` and :func:`softmax_margin`, public here and used by the
-selective losses (:func:`calib_jax.losses.aurc`, :func:`calib_jax.losses.au_pxtau`)
-through :func:`score` on precomputed row statistics.
-"""
+"""Confidence score functions (CSFs, Zhou et al. 2025, Appendix Table 1) and the
+binning of their values."""
 
 from __future__ import annotations
 
@@ -20,10 +15,6 @@ from calib_jax.losses._validation_base import check_logits
 
 CSF_NAMES = ("msp", "neg_entropy", "softmax_margin")
 
-# ---------------------------------------------------------------------------
-# Confidence score functions (Zhou et al. 2025, Appendix Table 1).
-# ---------------------------------------------------------------------------
-
 
 def msp(logits: jax.typing.ArrayLike) -> jax.Array:
     r"""Maximum softmax probability, a confidence score function (per-example).
@@ -37,9 +28,8 @@ def msp(logits: jax.typing.ArrayLike) -> jax.Array:
       float32 ``[B]`` in :math:`[1/K, 1]`.
 
     References:
-      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
-      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
-      2025, Appendix Table 1 (MSP).
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC, Focal and
+      Inverse Focal Loss", 2025, Appendix Table 1 (MSP).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -140,23 +130,15 @@ def score_range(csf: str, num_classes: int) -> tuple[float, float]:
     return 0.0, 1.0
 
 
-# ---------------------------------------------------------------------------
-# AURC (sort-based, exact).
-# ---------------------------------------------------------------------------
-
-
 def bin_edges(csf: str, num_classes: int, num_bins: int, dtype) -> jax.Array:
     lo, hi = score_range(csf, num_classes)
     return lo + (hi - lo) * jnp.arange(num_bins + 1, dtype=dtype) / num_bins
 
 
 def histogram(score, mask, edges) -> jax.Array:
-    """Eq. (14) counts ``h_k`` of the unmasked scores, ``[M]`` (no gradient).
-
-    Bins are ``[e_k, e_{k+1})`` except the last, which is closed so that the top
-    of the range (e.g. MSP == 1) is counted; scores outside the range (rounding)
-    are counted in the nearest end bin.
-    """
+    """Eq. (14) counts ``h_k`` of the unmasked scores, ``[M]`` (no gradient):
+    bins ``[e_k, e_{k+1})``, the last one closed, scores outside the range in
+    the nearest end bin."""
     num_bins = edges.shape[0] - 1
     score = lax.stop_gradient(score)
     # Bin index = number of interior edges at or below the score.

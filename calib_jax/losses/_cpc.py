@@ -1,8 +1,4 @@
-r"""Calibration by pairwise constraints, CPC (Cheng & Vasconcelos 2022).
-
-Returns only its penalty, per example; the composition in
-:mod:`calib_jax.losses` adds the primary loss.
-"""
+"""Calibration by pairwise constraints, CPC (Cheng & Vasconcelos 2022)."""
 
 from __future__ import annotations
 
@@ -46,40 +42,21 @@ def cpc(
         \mathcal{L}_{BE} = -\sum_{\substack{k, l \ne y \\ k \ne l}}
             \bigl[\log\sigma(z_k - z_l) + \log\sigma(z_l - z_k)\bigr].
 
-    :math:`\mathcal{L}_{1v1}` is the binary cross-entropy of the true class
-    against each other class; :math:`\mathcal{L}_{BE}` pushes every pair of
-    non-true classes towards equal probability. The double sum runs over
-    **ordered** pairs (each unordered pair counts twice), which is the reading
-    under which the gradient [2] derives, Eq. (6),
-    :math:`\partial\mathcal{L}_{BE}/\partial z_j = 2\sum_{k \ne y}
-    \frac{p_j - p_k}{p_j + p_k}`, holds; the :math:`k = l` terms (a constant
-    :math:`2\log 2` each) are left out. Both are **sums**, not means:
-    averaging over the :math:`K - 1` pairs of :math:`\mathcal{L}_{1v1}` or the
-    :math:`(K - 1)(K - 2)` ordered pairs of :math:`\mathcal{L}_{BE}` is the
-    same as dividing :math:`\lambda_1`, :math:`\lambda_2` by those counts.
-
-    Source: the exact form (terms, pair set, sums) is that of [2],
-    Eqs. (2)-(4); it has not been checked against the text of [1]. Neither
-    [2] nor the other papers cited here state CPC's
-    :math:`\lambda_1, \lambda_2`; the defaults
-    1.0 and 1.0 are neutral placeholders, **not paper values**. With the
-    summed form :math:`\mathcal{L}_{BE}` grows like :math:`K^2`; tune
-    :math:`\lambda_2` accordingly. The primary cross-entropy of [2], Eq. (2),
-    is not included.
-
-    Cost: :math:`\mathcal{L}_{BE}` is :math:`O(K^2)` per example by
-    definition. It is evaluated in class blocks (at most
-    :math:`2^{22}` pair terms in memory at a time, recomputed in the backward
-    pass), so memory stays :math:`O(BK)`, but time is quadratic in :math:`K`
-    (measured costs relative to cross-entropy: ``benchmarks/RESULTS.md``).
+    The double sum runs over **ordered** pairs (each unordered pair counts
+    twice), the reading under which the gradient of [2], Eq. (6), holds; the
+    :math:`k = l` terms are left out. Both are **sums**, not means, so
+    :math:`\mathcal{L}_{BE}` grows like :math:`K^2` (tune :math:`\lambda_2`).
+    The form is not checked against the text of [1], and no paper states
+    :math:`\lambda_1, \lambda_2`: the defaults 1.0 are **not paper values**.
+    The primary cross-entropy of [2], Eq. (2), is not included. Time is
+    :math:`O(BK^2)`; memory stays :math:`O(BK)`.
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
       labels: int ``[B]`` class ids in ``[0, K)``.
       lambda_1: weight of :math:`\mathcal{L}_{1v1}`, :math:`\ge 0`.
       lambda_2: weight of :math:`\mathcal{L}_{BE}`, :math:`\ge 0`.
-      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
-        get the value 0.
+      where: optional bool ``[B]``; ``False`` rows are ignored and get 0.
 
     Returns:
       float32 ``[B]`` (float64 for float64 logits), the penalty only, unreduced.
@@ -87,9 +64,8 @@ def cpc(
     References:
       [1] J. Cheng, N. Vasconcelos, "Calibrating Deep Neural Networks by
       Pairwise Constraints", CVPR 2022.
-      [2] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
-      Conditional Label Smoothing for Network Calibration", ICCV 2023,
-      supplementary Sec. S1.2, Eqs. (2)-(8).
+      [2] H. Park et al., "ACLS: Adaptive and Conditional Label Smoothing for Network
+      Calibration", ICCV 2023, supplementary Sec. S1.2, Eqs. (2)-(8).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -126,11 +102,8 @@ def _cpc(logits, labels, mask, lambda_1, lambda_2, *, block):
 
 
 def _pair_softplus_sum(z: jax.Array, rest: jax.Array, block: int) -> jax.Array:
-    """``sum_{k != l, rest[k], rest[l]} softplus(z_k - z_l)`` per row, ``[B]``.
-
-    Scans over blocks of ``block`` classes; each step builds a ``[B, block, K]``
-    slab. The body is rematerialised in the backward pass, so no slab is kept.
-    """
+    """``sum_{k != l, rest[k], rest[l]} softplus(z_k - z_l)`` per row, ``[B]``,
+    scanned over ``[B, block, K]`` slabs that the backward pass recomputes."""
     b, k = z.shape
     num_blocks = math.ceil(k / block)
     pad = num_blocks * block - k

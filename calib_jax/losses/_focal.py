@@ -1,12 +1,8 @@
-r"""The focal family: focal, sample-dependent focal (FLSD-53), inverse and dual focal.
+"""The focal family: focal, sample-dependent focal (FLSD-53), inverse and dual focal.
 
-All four are reweighted cross-entropies :math:`-w(p)\log p_y`. The weights are
-evaluated in log space from the true-class-versus-rest log-odds
-:math:`d = z_y - \log\sum_{k \ne y} e^{z_k}` (see ``_base.true_vs_rest``):
-:math:`\log p_y = \log\sigma(d)` and :math:`\log(1 - p_y) = \log\sigma(-d)` are
-finite with finite gradients even when :math:`p_y` rounds to 0 or 1, so
-:math:`(1 - p_y)^\gamma = \exp(\gamma \log(1 - p_y))` has no 0-to-a-power
-gradient trap, for any :math:`\gamma \ge 0` (:math:`\gamma = 0` included).
+Weights are evaluated in log space from the true-class-versus-rest log-odds
+(``_base.true_vs_rest``): ``(1 - p_y)^gamma = exp(gamma log(1 - p_y))`` has no
+0-to-a-power gradient trap, for any ``gamma >= 0``.
 """
 
 from __future__ import annotations
@@ -35,10 +31,6 @@ from calib_jax.losses._validation_base import (
 
 _DUAL_VARIANTS = ("paper", "reweighted_risk_description", "released_code")
 
-# ---------------------------------------------------------------------------
-# Focal loss.
-# ---------------------------------------------------------------------------
-
 
 def focal(
     logits: jax.typing.ArrayLike,
@@ -58,36 +50,29 @@ def focal(
     :math:`\alpha`, as used for calibration by Mukhoti et al. [3] ([1],
     Def. 3.1, Eq. (2)). :math:`\gamma = 0` is :func:`cross_entropy`.
 
-    The default :math:`\gamma = 3` is the fixed-:math:`\gamma` setting "FL-3"
-    of [3]; the class-wise loss scaling paper [4] (Sec. 5.3) uses it for its
-    focal baseline, and the ACLS supplement [5] (Sec. S1.1) finds that the
-    sample-dependent rule of [3] picks :math:`\gamma = 3` for 95% of the
-    samples. The sample-dependent rule itself is :func:`focal_adaptive`.
+    The default :math:`\gamma = 3` is "FL-3" of [3], the focal baseline of
+    [4] (Sec. 5.3); the sample-dependent rule of [3] (:func:`focal_adaptive`)
+    picks :math:`\gamma = 3` for 95% of the samples ([5], Sec. S1.1).
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
       labels: int ``[B]`` class ids in ``[0, K)``.
       gamma: focusing parameter :math:`\gamma \ge 0` (traceable).
-      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
-        get the value 0.
+      where: optional bool ``[B]``; ``False`` rows are ignored and get 0.
 
     Returns:
       float32 ``[B]`` (float64 for float64 logits), unreduced.
 
     References:
-      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
-      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
-      2025, Def. 3.1, Eq. (2).
-      [2] T.-Y. Lin, P. Goyal, R. Girshick, K. He, P. Dollár, "Focal Loss for
-      Dense Object Detection", ICCV 2017.
-      [3] J. Mukhoti, V. Kulharia, A. Sanyal, S. Golodetz, P. Torr,
-      P. Dokania, "Calibrating Deep Neural Networks using Focal Loss",
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC, Focal and
+      Inverse Focal Loss", 2025, Def. 3.1, Eq. (2).
+      [2] T.-Y. Lin et al., "Focal Loss for Dense Object Detection", ICCV 2017.
+      [3] J. Mukhoti et al., "Calibrating Deep Neural Networks using Focal Loss",
       NeurIPS 2020, arXiv:2002.09437.
       [4] S. Jung, S. Seo, Y. Jeong, J. Choi, "Scaling of Class-wise Training
       Losses for Post-hoc Calibration", ICML 2023, Sec. 5.3.
-      [5] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
-      Conditional Label Smoothing for Network Calibration", ICCV 2023,
-      supplementary Sec. S1.1.
+      [5] H. Park et al., "ACLS: Adaptive and Conditional Label Smoothing for Network
+      Calibration", ICCV 2023, supplementary Sec. S1.1.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -109,11 +94,6 @@ def _focal(logits, labels, mask, gamma):
     return zero_masked(loss, mask)
 
 
-# ---------------------------------------------------------------------------
-# Sample-dependent focal loss, FLSD-53.
-# ---------------------------------------------------------------------------
-
-
 def focal_adaptive(
     logits: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
@@ -131,47 +111,30 @@ def focal_adaptive(
         \gamma(p_y) = \begin{cases} 5, & p_y \in [0, 0.2) \\
                                     3, & p_y \in [0.2, 1] \end{cases}
 
-    where :math:`p_y` is the softmax probability of the **true** class. This is
-    the rule of Mukhoti et al. [2] as restated by [1] (Sec. 5, "Baselines":
-    :math:`\gamma = 5` for :math:`f_{y'}(x) \in [0, 0.2)`, 3 otherwise). The
-    threshold is strict on the low side: :math:`p_y = 0.2` gets
-    :math:`\gamma = 3`.
-
-    :math:`\gamma(p_y)` is piecewise constant, so it is evaluated on
-    ``stop_gradient(p_y)``: no gradient flows through the choice of
-    :math:`\gamma` (its derivative is 0 wherever it exists). The loss itself
-    is discontinuous in the logits where :math:`p_y` crosses the threshold
-    (from :math:`-0.8^5\log 0.2` to :math:`-0.8^3\log 0.2`).
-
-    The ACLS supplement [3], Eq. (1), writes the same rule on the predicted
-    class probability :math:`p_{\hat y}` instead of :math:`p_y`; that is not
-    what [1] and [2] state and is not implemented (with :math:`K \le 5`,
-    :math:`p_{\hat y} \ge 1/K \ge 0.2` always, so that reading would never
-    select :math:`\gamma = 5`).
+    with :math:`p_y` the probability of the **true** class: the rule of [2] as
+    restated by [1] (Sec. 5, "Baselines"). No gradient flows through the
+    choice of :math:`\gamma`; the loss jumps where :math:`p_y` crosses the
+    threshold. The ACLS supplement [3], Eq. (1), writes the rule on the
+    predicted class's :math:`p_{\hat y}`, which is not implemented.
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
       labels: int ``[B]`` class ids in ``[0, K)``.
-      threshold: true-class probability below which ``gamma_below`` is used;
-        default 0.2 ([2]).
+      threshold: :math:`p_y` below which ``gamma_below`` is used; default 0.2.
       gamma_below: :math:`\gamma` for :math:`p_y <` ``threshold``; default 5.
       gamma_above: :math:`\gamma` for :math:`p_y \ge` ``threshold``; default 3.
-      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
-        get the value 0.
+      where: optional bool ``[B]``; ``False`` rows are ignored and get 0.
 
     Returns:
       float32 ``[B]`` (float64 for float64 logits), unreduced.
 
     References:
-      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
-      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
-      2025, Sec. 5 (Baselines, "FL-53").
-      [2] J. Mukhoti, V. Kulharia, A. Sanyal, S. Golodetz, P. Torr,
-      P. Dokania, "Calibrating Deep Neural Networks using Focal Loss",
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC, Focal and
+      Inverse Focal Loss", 2025, Sec. 5 (Baselines, "FL-53").
+      [2] J. Mukhoti et al., "Calibrating Deep Neural Networks using Focal Loss",
       NeurIPS 2020, arXiv:2002.09437 (FLSD-53).
-      [3] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
-      Conditional Label Smoothing for Network Calibration", ICCV 2023,
-      supplementary Eq. (1).
+      [3] H. Park et al., "ACLS: Adaptive and Conditional Label Smoothing for Network
+      Calibration", ICCV 2023, supplementary Eq. (1).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -202,11 +165,6 @@ def _focal_adaptive(logits, labels, mask, threshold, gamma_below, gamma_above):
     return zero_masked(loss, mask)
 
 
-# ---------------------------------------------------------------------------
-# Inverse focal loss.
-# ---------------------------------------------------------------------------
-
-
 def inverse_focal(
     logits: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
@@ -222,30 +180,25 @@ def inverse_focal(
 
     which, unlike :func:`focal`, up-weights confident samples (Wang et al.
     [2]; the form here is [1], Def. 3.2, Eq. (3)). :math:`\gamma = 0` is
-    :func:`cross_entropy`. The weight is :math:`\exp(\gamma\,
-    \operatorname{softplus}(\log p_y))`.
+    :func:`cross_entropy`.
 
-    There is no single paper value of :math:`\gamma`: [1] selects it by
-    cross-validation per model and data set (App. E.1, Table 2: 1.0 to 3.0).
-    The default 2.0 is the value [1] selects for ResNet-50 on CIFAR-10. [1]
-    (App. C.2, Sec. 5) notes that for :math:`\gamma \gtrsim 3.5`-4 the
-    gradient w.r.t. :math:`p_y` becomes positive in places and training can
-    fail; no check enforces this.
+    [1] selects :math:`\gamma` by cross-validation (App. E.1, Table 2: 1.0 to
+    3.0); the default 2.0 is its value for ResNet-50 on CIFAR-10. For
+    :math:`\gamma \gtrsim 3.5`-4 the gradient w.r.t. :math:`p_y` turns
+    positive in places and training can fail ([1], App. C.2); nothing checks it.
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
       labels: int ``[B]`` class ids in ``[0, K)``.
       gamma: :math:`\gamma \ge 0` (traceable).
-      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
-        get the value 0.
+      where: optional bool ``[B]``; ``False`` rows are ignored and get 0.
 
     Returns:
       float32 ``[B]`` (float64 for float64 logits), unreduced.
 
     References:
-      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
-      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
-      2025, Def. 3.2, Eq. (3); App. C.2; App. E.1, Table 2.
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC, Focal and
+      Inverse Focal Loss", 2025, Def. 3.2, Eq. (3); App. C.2; App. E.1, Table 2.
       [2] D.-B. Wang, L. Feng, M.-L. Zhang, "Rethinking Calibration of Deep
       Neural Networks: Do Not Be Afraid of Overconfidence", NeurIPS 2021.
 
@@ -270,11 +223,6 @@ def _inverse_focal(logits, labels, mask, gamma):
     return zero_masked(loss, mask)
 
 
-# ---------------------------------------------------------------------------
-# Dual focal loss.
-# ---------------------------------------------------------------------------
-
-
 def dual_focal(
     logits: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
@@ -285,8 +233,7 @@ def dual_focal(
 ) -> jax.Array:
     r"""Dual focal loss, per-example.
 
-    ``variant='paper'`` (default), the loss as Tao et al. [2] define it,
-    restated in [1], Eq. (24):
+    ``variant='paper'`` (default), Tao et al. [2] as restated in [1], Eq. (24):
 
     .. math::
 
@@ -295,17 +242,12 @@ def dual_focal(
 
     where :math:`p_{j^*}` is the largest **non-true-class** probability, so the
     weight grows as the margin :math:`p_y - p_{j^*}` shrinks. The gradient
-    flows through :math:`p_{j^*}` (the max is piecewise smooth; it has kinks
-    where two non-true classes tie, and there the gradient is that of the
-    first tied class).
+    flows through :math:`p_{j^*}` (on a tie, through the first tied class).
 
-    ``variant='released_code'`` computes what the dual-focal authors' code
-    computes (repository Linwei94/ICML2023-DualFocalLoss, file
-    ``Losses/dual_focal_loss.py``, class ``DualFocalLoss``; the copy in
-    han678/CalibWeightedRisk, ``loss/dual_focal.py``, has the same
-    arithmetic): :math:`-(1 - p_y + p_j)^{\gamma}\log p_y` with :math:`p_j`
-    the largest probability **strictly below** :math:`p_y`, or 0 when no class
-    is below. Differences from the paper, one per line:
+    ``variant='released_code'`` computes the authors' code (repository
+    Linwei94/ICML2023-DualFocalLoss, ``Losses/dual_focal_loss.py``, class
+    ``DualFocalLoss``; han678/CalibWeightedRisk ``loss/dual_focal.py`` has the
+    same arithmetic). Differences from the paper, one per line:
 
     * the competitor is the largest probability strictly below :math:`p_y`, not the largest non-true one;
     * on a misclassified row it is therefore a class ranked below the label, never the predicted class;
@@ -313,16 +255,13 @@ def dual_focal(
     * classes tied with :math:`p_y` are never the competitor (the mask is ``p < p_y`` on float probabilities);
     * the gradient of the competitor goes to one index (``torch.topk``), here the first.
 
-    ``1 - p_y`` is evaluated as the sum of the other probabilities in log space
-    (the same number as the released ``1 - p_k``, without its float32
-    cancellation near :math:`p_y = 1`). All-equal logits give
-    :math:`(1 - 1/K)^{\gamma}\log K` (no class is strictly below the label),
-    where ``'paper'`` gives :math:`\log K`.
+    ``1 - p_y`` is evaluated in log space (the released value without its
+    float32 cancellation near :math:`p_y = 1`). All-equal logits give
+    :math:`(1 - 1/K)^{\gamma}\log K`, where ``'paper'`` gives :math:`\log K`.
 
-    ``variant='reweighted_risk_description'`` is the behaviour that [1],
-    App. C.3, Eqs. (25)-(26), *describes* for the dual-focal code, implemented
-    from that description (the code itself is ``'released_code'``): the
-    competitor is dropped when the sample is misclassified,
+    ``variant='reweighted_risk_description'`` is what [1], App. C.3, Eqs.
+    (25)-(26), *describes* for the dual-focal code (the code itself is
+    ``'released_code'``): the competitor is dropped on misclassified samples,
 
     .. math::
 
@@ -331,16 +270,11 @@ def dual_focal(
             -(1 - p_y)^{\gamma}\log p_y, & \text{misclassified},
         \end{cases}
 
-    i.e. the plain focal loss on misclassified samples, with "correct" the
-    library's rule (the first arg-max index is the label). This is
-    discontinuous where the prediction changes and, as [1] points out, lowers
-    the weight of exactly the uncertain (misclassified) samples. It differs
-    from ``'released_code'`` on every misclassified row that has a class
-    ranked below the label.
+    with "correct" the library's rule (the first arg-max index is the label);
+    discontinuous where the prediction changes.
 
-    There is no single paper value of :math:`\gamma`; [2] and [1] select it by
-    cross-validation ([1], App. E.1, Table 2: 1.0 to 6.1). The default 5.0 is
-    the value [1] selects for ResNet-50 on CIFAR-10 (and CIFAR-100).
+    [1] selects :math:`\gamma` by cross-validation (App. E.1, Table 2: 1.0 to
+    6.1); the default 5.0 is its value for ResNet-50 on CIFAR-10 and CIFAR-100.
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
@@ -349,23 +283,20 @@ def dual_focal(
       variant: static str, ``'paper'`` (Eq. (24) of [1]),
         ``'reweighted_risk_description'`` (Eqs. (25)-(26) of [1]) or
         ``'released_code'`` (the code of [2]).
-      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
-        get the value 0.
+      where: optional bool ``[B]``; ``False`` rows are ignored and get 0.
 
     Returns:
       float32 ``[B]`` (float64 for float64 logits), unreduced.
 
     References:
-      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
-      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
-      2025, Eqs. (24)-(26) (App. C.3) and App. E.1, Table 2.
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC, Focal and
+      Inverse Focal Loss", 2025, Eqs. (24)-(26) (App. C.3) and App. E.1, Table 2.
       [2] L. Tao, M. Dong, C. Xu, "Dual Focal Loss for Calibration",
       ICML 2023, PMLR 202:33833-33849; code: github.com/Linwei94/
       ICML2023-DualFocalLoss, ``Losses/dual_focal_loss.py``.
 
     Raises:
-      ValueError: an unknown ``variant`` (the valid ones are listed) or
-        ``gamma < 0``.
+      ValueError: an unknown ``variant`` or ``gamma < 0``.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -400,9 +331,8 @@ def _dual_focal(logits, labels, mask, gamma, *, variant):
     # log(1 - p_y + p_j*), both terms finite in log space.
     log_base = jnp.logaddexp(log_1m_p_true, log_p_rest_max)
     if variant == "reweighted_risk_description":
-        # [1], Eqs. (25)-(26): p_j* is dropped once the sample is misclassified
-        # (the library's rule: correct iff the first arg-max is the label, so
-        # on a tie z_y == z_j* the label must come first).
+        # [1], Eqs. (25)-(26): p_j* is dropped on misclassified samples (on a
+        # tie z_y == z_j*, correct iff the label is the first arg-max).
         correct = lax.stop_gradient(
             (z_true > z_rest_max) | ((z_true == z_rest_max) & (labels < first))
         )
@@ -437,9 +367,8 @@ def _dual_focal_released(logits, labels, mask, gamma):
 @kernels.dispatch("loss_dual_focal", _cpu_kernels.dual_parts)
 def dual_parts(z, labels):
     """``(z_y, z_j*, sum_{k != y} e^{z_k - z_j*}, j*)`` per row, ``j*`` the first
-    arg-max among the non-true classes (int32). ``z_j*`` carries the gradient
-    of that entry; the sum holds it fixed, so ``stop_gradient(z_j*) +
-    log(sum)`` is the log-sum-exp of the rest with its exact derivatives."""
+    non-true arg-max (int32); ``stop_gradient(z_j*) + log(sum)`` is the
+    log-sum-exp of the rest with its exact derivatives."""
     cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
     rest = jnp.where(cols == labels[:, None], -jnp.inf, z)
     first = first_index(rest, jnp.max(rest, axis=1))

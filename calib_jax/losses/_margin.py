@@ -1,11 +1,4 @@
-r"""Logit-margin regularizers: MbLS and ACLS.
-
-Each function returns only its penalty, per example; the composition in
-:mod:`calib_jax.losses` adds the primary loss (cross-entropy in both
-papers; CPC, the pairwise regularizer compared with them, is in ``_cpc``). :func:`acls_logit_grad` returns the ACLS paper's closed-form logit
-gradient (its Eq. (12)), which is *not* the gradient of its Eq. (13); see
-:func:`acls`.
-"""
+"""Logit-margin regularizers: MbLS and ACLS, and the ACLS paper's logit gradient."""
 
 from __future__ import annotations
 
@@ -28,10 +21,6 @@ from calib_jax.losses._validation_base import (
     prepare,
 )
 
-# ---------------------------------------------------------------------------
-# MbLS.
-# ---------------------------------------------------------------------------
-
 
 def mbls(
     logits: jax.typing.ArrayLike,
@@ -50,39 +39,29 @@ def mbls(
 
     the hinge on every logit distance to the largest logit beyond the margin
     :math:`m` ([1]; ACLS supplement [2], Eq. (14), with :math:`\lambda =
-    \alpha`). ``alpha`` multiplies the whole sum over classes (equivalently
-    each hinge); it is a **sum** over the :math:`K` classes, not a mean (an
-    implementation that averages over classes has an effective
-    :math:`\alpha/K`). The :math:`k = \arg\max` term is
-    :math:`\max(0, -m) = 0`. Labels are not used: the penalty depends on the
-    logits only. The primary loss (cross-entropy in [1]) is not included.
+    \alpha`). It is a **sum** over the :math:`K` classes, not a mean (a mean
+    has an effective :math:`\alpha/K`). Labels are not used. The primary loss
+    (cross-entropy in [1]) is not included.
 
     Gradient: :math:`\max_j z_j` is differentiated too, so the arg-max logit
-    receives :math:`+\alpha` per active hinge (on a tie for the maximum, the
-    first maximal class does; ``jnp.max`` would split it). The gradient
-    analysis of [2]
-    (Eqs. (15)-(17)) reports a zero penalty gradient for the arg-max logit,
-    i.e. it treats :math:`\max_j z_j` as a constant; that differs from the
-    derivative of the formula, which is what is implemented.
+    (the first one on a tie) receives :math:`+\alpha` per active hinge; the
+    gradient analysis of [2] (Eqs. (15)-(17)) treats it as a constant instead.
 
-    Defaults: :math:`m = 10`, :math:`\alpha = 0.1`, the values of [1] (the
-    ACLS paper [2] follows [1] and uses :math:`m = 6` on CIFAR-10 only).
+    Defaults: those of [1] ([2] uses :math:`m = 6` on CIFAR-10).
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
       labels: int ``[B]`` class ids in ``[0, K)`` (only checked, not used).
       margin: :math:`m \ge 0` (traceable).
       alpha: weight :math:`\alpha \ge 0` (traceable).
-      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
-        get the value 0.
+      where: optional bool ``[B]``; ``False`` rows are ignored and get 0.
 
     Returns:
       float32 ``[B]`` (float64 for float64 logits), the penalty only, unreduced.
 
     References:
-      [1] B. Liu, I. Ben Ayed, A. Galdran, J. Dolz, "The Devil is in the
-      Margin: Margin-based Label Smoothing for Network Calibration",
-      CVPR 2022.
+      [1] B. Liu et al., "The Devil is in the Margin: Margin-based Label Smoothing for
+      Network Calibration", CVPR 2022.
       [2] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
       Conditional Label Smoothing for Network Calibration", ICCV 2023,
       supplementary Sec. S1.4, Eqs. (14)-(17); main paper Sec. 4.1.
@@ -116,11 +95,6 @@ def mbls_hinge(z, margin):
     return jnp.sum(jnp.where(gap > 0, gap, 0.0), axis=1)
 
 
-# ---------------------------------------------------------------------------
-# ACLS.
-# ---------------------------------------------------------------------------
-
-
 def acls(
     logits: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
@@ -133,9 +107,8 @@ def acls(
 ) -> jax.Array:
     r"""ACLS regularizer (adaptive and conditional label smoothing), per-example.
 
-    Eq. (13) of [1], summed over the classes :math:`j` (the equation lists
-    the two per-class cases), with :math:`\hat y = \arg\max_k z_k` the
-    **predicted** class:
+    Eq. (13) of [1] summed over the classes, with :math:`\hat y = \arg\max_k
+    z_k` the **predicted** class:
 
     .. math::
 
@@ -144,34 +117,25 @@ def acls(
             + \lambda_2 \sum_{j \ne \hat y}
               \mathrm{ReLU}\bigl(z_{\hat y} - z_j - M\bigr)^2 .
 
-    Labels are not used (the paper's penalty depends on the prediction, not
-    the ground truth). The primary loss of [1], Eq. (14), cross-entropy, is
+    Labels are not used. The primary loss of [1], Eq. (14), cross-entropy, is
     not included.
 
     **Eq. (13) versus Eq. (12).** [1] states Eq. (13) as the integral of its
-    logit gradient Eq. (12), but the exact gradient of Eq. (13), which is what
-    ``jax.grad`` of this function gives, differs from Eq. (12)
-    (:func:`acls_logit_grad`) in two ways:
+    logit gradient Eq. (12), but the gradient of Eq. (13), which ``jax.grad``
+    of this function gives, differs from Eq. (12) (:func:`acls_logit_grad`):
 
     * a factor 2 (:math:`\partial_x \mathrm{ReLU}(x)^2 = 2\,\mathrm{ReLU}(x)`);
-    * cross terms: :math:`z_{\hat y}` also appears in the :math:`j \ne \hat y`
-      terms and :math:`\min_k z_k` in the :math:`\hat y` term, so
-      :math:`\partial R/\partial z_{\hat y}` gains
+    * cross terms: :math:`\partial R/\partial z_{\hat y}` gains
       :math:`2\lambda_2\sum_{j \ne \hat y}\mathrm{ReLU}(z_{\hat y} - z_j - M)`
       and the arg-min logit gains
       :math:`-2\lambda_1\mathrm{ReLU}(z_{\hat y} - \min_k z_k - M)`.
 
-    On ties for the maximum (minimum) the gradient of that term goes to the
-    first maximal (minimal) class, which is also the :math:`\hat y` used.
+    Eq. (12) is :math:`\tfrac12\nabla` of Eq. (13) with ``stop_gradient`` on
+    :math:`\min_k z_k` in the first term and on :math:`z_{\hat y}` in the second.
+    On ties the first maximal (minimal) class gets the gradient.
 
-    Eq. (12) is exactly :math:`\tfrac12\nabla` of Eq. (13) with
-    ``stop_gradient`` on :math:`\min_k z_k` in the first term and on
-    :math:`z_{\hat y}` in the second. This function implements Eq. (13) as
-    written, with its full gradient.
-
-    ``variant='released_code'`` computes the regularizer of the authors' code
-    (repository cvlab-yonsei/ACLS, file ``calibrate/losses/acls.py``, method
-    ``ACLS.get_reg``), per row so that its batch mean is the released value:
+    ``variant='released_code'`` computes the authors' ``ACLS.get_reg``
+    (cvlab-yonsei/ACLS, ``calibrate/losses/acls.py``) per row:
 
     .. math::
 
@@ -187,9 +151,7 @@ def acls(
     * the :math:`\lambda_1` term is counted once per class tied at the maximum (the released indicator is ``z == max``);
     * the released ``alpha`` (0.1) that multiplies the whole term is folded into the weights (released ``pos_lambda=1, neg_lambda=0.1, alpha=0.1`` are ``lambda_1=0.1, lambda_2=0.01`` here).
 
-    Defaults: :math:`M = 10`, :math:`\lambda_1 = 0.1`, :math:`\lambda_2 =
-    0.01` ([1], Sec. 4.1 and supplementary S2.2; [1] uses :math:`M = 6` on
-    CIFAR-10).
+    Defaults: [1], Sec. 4.1 and supplementary S2.2 ([1] uses :math:`M = 6` on CIFAR-10).
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
@@ -199,21 +161,19 @@ def acls(
       lambda_2: weight of the other-class terms, :math:`\ge 0`.
       variant: static str, ``'paper'`` (Eq. (13) of [1]) or
         ``'released_code'`` (the code of [1], see above).
-      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
-        get the value 0.
+      where: optional bool ``[B]``; ``False`` rows are ignored and get 0.
 
     Returns:
       float32 ``[B]`` (float64 for float64 logits), the penalty only, unreduced.
 
     References:
-      [1] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
-      Conditional Label Smoothing for Network Calibration", ICCV 2023,
-      Eqs. (10)-(14), Sec. 4.1; supplementary Sec. S2.2. Code:
+      [1] H. Park et al., "ACLS: Adaptive and Conditional Label Smoothing for Network
+      Calibration", ICCV 2023, Eqs. (10)-(14), Sec. 4.1; supplementary Sec. S2.2. Code:
       github.com/cvlab-yonsei/ACLS, ``calibrate/losses/acls.py``.
 
     Raises:
       ValueError: a negative ``margin``/``lambda_1``/``lambda_2`` or an
-        unknown ``variant`` (the valid ones are listed).
+        unknown ``variant``.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -246,9 +206,7 @@ def _acls(logits, labels, mask, margin, lambda_1, lambda_2):
 
 @jax.jit
 def _acls_released(logits, mask, margin, lambda_1, lambda_2):
-    """The released ``get_reg`` per row: ``lambda_1 * n_top * ReLU(z_max - M)^2
-    + lambda_2 / (K - 1) * sum_{j: z_j != z_max} ReLU(sg(z_max) - z_j - M)^2``;
-    its batch mean is the released ``pos.sum() / B + neg.sum() / (B (K-1))``."""
+    """The released ``get_reg`` per row (its batch mean is the released value)."""
     z = logits
     dtype = z.dtype
     k = z.shape[1]
@@ -266,9 +224,8 @@ def _acls_released(logits, mask, margin, lambda_1, lambda_2):
 
 @kernels.dispatch("loss_acls", _cpu_kernels.acls_parts)
 def acls_parts(z, margin):
-    """``(z_hat, min_k z_k, sum_j ReLU(z_hat - z_j - margin)^2)`` per row, Eq. (13)'s
-    parts (the ``j = argmax`` term is ``ReLU(-M)^2 = 0``, so the sum may run
-    over all ``j``); ``z_hat`` and the minimum move with the first
+    """``(z_hat, min_k z_k, sum_j ReLU(z_hat - z_j - margin)^2)`` per row (the
+    ``j = argmax`` term is 0); ``z_hat`` and the minimum move with the first
     arg-max/arg-min."""
     top = take_col(z, first_index(z, jnp.max(z, axis=1)))
     low = take_col(z, first_index(z, jnp.min(z, axis=1)))
@@ -298,12 +255,9 @@ def acls_logit_grad(
             -\lambda_2\,\mathrm{ReLU}(z_{\hat y} - z_j - M), & j \ne \hat y .
         \end{cases}
 
-    This is the smoothing function Eq. (10) times the indicator Eq. (11).
-    It equals :math:`\tfrac12` of the gradient of the Eq. (13) regularizer
-    with ``stop_gradient`` on :math:`\min_k z_k` (first term) and on
-    :math:`z_{\hat y}` (second term), **not** the gradient of :func:`acls`
-    (see there for the exact difference). Useful to train with the paper's
-    stated gradient (e.g. through a custom VJP) or to inspect it.
+    This is the smoothing function Eq. (10) times the indicator Eq. (11),
+    **not** the gradient of :func:`acls` (see there for the difference); use it
+    to train with the paper's stated gradient (e.g. through a custom VJP).
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
@@ -317,9 +271,8 @@ def acls_logit_grad(
       float32 ``[B, K]`` (float64 for float64 logits).
 
     References:
-      [1] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
-      Conditional Label Smoothing for Network Calibration", ICCV 2023,
-      Eqs. (10)-(12).
+      [1] H. Park et al., "ACLS: Adaptive and Conditional Label Smoothing for Network
+      Calibration", ICCV 2023, Eqs. (10)-(12).
 
     Examples:
       >>> import jax.numpy as jnp

@@ -1,4 +1,4 @@
-r"""Primary per-example losses: cross-entropy, label smoothing and the Brier score."""
+"""Primary per-example losses: cross-entropy, label smoothing and the Brier score."""
 
 from __future__ import annotations
 
@@ -18,11 +18,6 @@ from calib_jax.losses._validation_base import check_unit_interval, prepare
 _OFF_TARGET = ("uniform", "others")
 
 
-# ---------------------------------------------------------------------------
-# Cross-entropy.
-# ---------------------------------------------------------------------------
-
-
 def cross_entropy(
     logits: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
@@ -37,22 +32,17 @@ def cross_entropy(
             = \log\sum_{k=1}^{K} e^{z_k} - z_y,
         \qquad p = \operatorname{softmax}(z).
 
-    Computed as log-sum-exp minus the label logit (one max and one exp pass
-    over the classes), never as ``log(softmax)``.
-
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
       labels: int ``[B]`` class ids in ``[0, K)``.
-      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
-        get the value 0.
+      where: optional bool ``[B]``; ``False`` rows are ignored and get 0.
 
     Returns:
       float32 ``[B]`` (float64 for float64 logits), unreduced.
 
     References:
-      [1] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
-      Conditional Label Smoothing for Network Calibration", ICCV 2023, Eq. (1)
-      with one-hot :math:`q` and Eq. (2).
+      [1] H. Park et al., "ACLS: Adaptive and Conditional Label Smoothing for Network
+      Calibration", ICCV 2023, Eq. (1) with one-hot :math:`q` and Eq. (2).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -71,11 +61,6 @@ def _cross_entropy(logits, labels, mask):
     return zero_masked(loss, mask)
 
 
-# ---------------------------------------------------------------------------
-# Label smoothing.
-# ---------------------------------------------------------------------------
-
-
 def label_smoothing(
     logits: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
@@ -86,10 +71,9 @@ def label_smoothing(
 ) -> jax.Array:
     r"""Cross-entropy against label-smoothed targets, per-example.
 
-    With ``off_target='uniform'`` (the default) this is the standard label
-    smoothing of Szegedy et al. [2] as analysed by Müller et al. [3] and
-    restated by the ACLS paper [1], Eq. (4): the one-hot target is mixed with
-    the uniform distribution over **all** :math:`K` classes,
+    With ``off_target='uniform'`` (the default), the label smoothing of [2, 3]
+    as restated by [1], Eq. (4): the one-hot target mixed with the uniform
+    distribution over **all** :math:`K` classes,
 
     .. math::
 
@@ -97,19 +81,10 @@ def label_smoothing(
         \qquad
         \ell_{\mathrm{LS}}(z, y) = -\sum_{k=1}^{K} q_k \log p_k,
 
-    so the true class gets :math:`1 - \epsilon(1 - 1/K)` and every other class
-    :math:`\epsilon/K` ([1], Eq. (4) and the gradient of Eq. (5)). This is the
-    baseline the ACLS and MbLS papers compare against.
-
-    ``off_target='others'`` spreads the mass over the :math:`K - 1` non-target
-    classes only: :math:`q_y = 1 - \epsilon`,
-    :math:`q_k = \epsilon / (K - 1)` for :math:`k \ne y`. The two conventions
-    differ in value by :math:`\epsilon\,[\frac{1}{K}\sum_k (-\log p_k) -
-    \frac{1}{K-1}\sum_{k \ne y} (-\log p_k)]`; ``uniform`` with
-    :math:`\epsilon` equals ``others`` with :math:`\epsilon (K - 1)/K`.
-
-    Computed as :math:`\log\sum_k e^{z_k} - \sum_k q_k z_k` (no
-    ``log(softmax)`` array). With :math:`\epsilon = 0` it is
+    so the true class gets :math:`1 - \epsilon(1 - 1/K)`. ``off_target='others'``
+    spreads the mass over the :math:`K - 1` non-target classes only
+    (:math:`q_y = 1 - \epsilon`); ``uniform`` with :math:`\epsilon` equals
+    ``others`` with :math:`\epsilon (K - 1)/K`. :math:`\epsilon = 0` is
     :func:`cross_entropy`.
 
     Args:
@@ -119,20 +94,17 @@ def label_smoothing(
         value of [2] (Sec. 7) and [3].
       off_target: static str, ``'uniform'`` (all :math:`K` classes, [1]-[3])
         or ``'others'`` (the :math:`K - 1` non-target classes).
-      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
-        get the value 0.
+      where: optional bool ``[B]``; ``False`` rows are ignored and get 0.
 
     Returns:
       float32 ``[B]`` (float64 for float64 logits), unreduced.
 
     References:
-      [1] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
-      Conditional Label Smoothing for Network Calibration", ICCV 2023,
-      Eqs. (4)-(5).
+      [1] H. Park et al., "ACLS: Adaptive and Conditional Label Smoothing for Network
+      Calibration", ICCV 2023, Eqs. (4)-(5).
       [2] C. Szegedy, V. Vanhoucke, S. Ioffe, J. Shlens, Z. Wojna, "Rethinking
       the Inception Architecture for Computer Vision", CVPR 2016, Sec. 7.
-      [3] R. Müller, S. Kornblith, G. Hinton, "When Does Label Smoothing
-      Help?", NeurIPS 2019.
+      [3] R. Müller et al., "When Does Label Smoothing Help?", NeurIPS 2019.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -165,11 +137,6 @@ def _label_smoothing(logits, labels, mask, epsilon, *, off_target):
     return zero_masked(loss, mask)
 
 
-# ---------------------------------------------------------------------------
-# Brier score.
-# ---------------------------------------------------------------------------
-
-
 def brier(
     logits: jax.typing.ArrayLike,
     labels: jax.typing.ArrayLike,
@@ -184,28 +151,20 @@ def brier(
             = (1 - p_y)^2 + \sum_{k \ne y} p_k^2,
 
     the squared Euclidean distance between :math:`p` and the one-hot label
-    (Brier [2]; [1], Def. A.2, Eq. (19), per sample). It lies in
-    :math:`[0, 2]`. Some papers and libraries divide by :math:`K` (a mean over
-    classes); this function does **not**.
-
-    Computed as :math:`(1 - p_y)^2\,(1 + \sum_{k \ne y} e_k^2 /
-    (\sum_{k \ne y} e_k)^2)` with :math:`e_k = e^{z_k - \max_{k' \ne y}
-    z_{k'}}` and :math:`1 - p_y` from the true-class-versus-rest log-odds, so
-    nothing cancels when :math:`p_y \to 1`.
+    (Brier [2]; [1], Def. A.2, Eq. (19), per sample), in :math:`[0, 2]`: no
+    division by :math:`K`, unlike some papers and libraries.
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, :math:`K \ge 2`.
       labels: int ``[B]`` class ids in ``[0, K)``.
-      where: optional bool ``[B]``; ``False`` rows are ignored (padding) and
-        get the value 0.
+      where: optional bool ``[B]``; ``False`` rows are ignored and get 0.
 
     Returns:
       float32 ``[B]`` (float64 for float64 logits), unreduced.
 
     References:
-      [1] H. Zhou, S. G. Gruber, T. Popordanoska, M. B. Blaschko, "Revisiting
-      Reweighted Risk for Calibration: AURC, Focal and Inverse Focal Loss",
-      2025, Def. A.2, Eq. (19).
+      [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC, Focal and
+      Inverse Focal Loss", 2025, Def. A.2, Eq. (19).
       [2] G. W. Brier, "Verification of Forecasts Expressed in Terms of
       Probability", Monthly Weather Review 78(1), 1950.
 

@@ -1,15 +1,5 @@
-r"""Accuracy-versus-uncertainty calibration losses: AvUC, AvUC-GS and S-AvUC.
-
-All three share the form of Eq. (13)/(15) of Karandikar et al. (2021),
-
-.. math::
-
-    \log\Big(1 + \frac{n_{AU} + n_{IC}}{n_{AC} + n_{IU}}\Big),
-
-over four relaxed counts of accurate/inaccurate (A/I) and certain/uncertain
-(C/U) predictions. They differ in how a sample is split between certain and
-uncertain and in the factor multiplying :math:`\tanh h_i`.
-"""
+r"""Accuracy-versus-uncertainty calibration losses: AvUC, AvUC-GS and S-AvUC
+(Karandikar et al. 2021, Eqs. (13)-(16))."""
 
 from __future__ import annotations
 
@@ -28,8 +18,7 @@ from calib_jax.losses._validation_base import (
     prepare,
 )
 
-# Added to numerator and denominator of the count ratio so that a batch with
-# n_AC + n_IU == 0 (e.g. all predictions wrong and certain) stays finite.
+# Keeps the count ratio finite when n_AC + n_IU == 0 (all wrong and certain).
 _EPS = 1e-10
 
 
@@ -89,25 +78,18 @@ def avuc(
         n_{IU} = \sum_{i \in IU} (1 - c_i) \tanh h_i,
 
     with confidence :math:`c_i = \max_k p_{ik}`, predictive entropy
-    :math:`h_i = -\sum_k p_{ik}\log p_{ik}` (nats), accurate meaning
-    :math:`\arg\max_k p_{ik} = y_i` (a label among tied top classes counts as
-    correct) and uncertain meaning :math:`h_i / \log K > \kappa` (certain
-    otherwise). Training non-Bayesian networks, [1] (Sec. 4.2, App. F)
-    finds that this loss rewards more confidence in inaccurate-certain and
-    less in accurate-uncertain predictions; see :func:`avuc_gs` and
-    :func:`s_avuc`.
+    :math:`h_i = -\sum_k p_{ik}\log p_{ik}` (nats), accurate meaning the first
+    arg-max index is :math:`y_i`, and uncertain meaning :math:`h_i / \log K >
+    \kappa`. [1] (Sec. 4.2, App. F) finds that this loss rewards more
+    confidence in inaccurate-certain and less in accurate-uncertain
+    predictions; see :func:`avuc_gs` and :func:`s_avuc`.
 
-    Choices: the threshold is on the normalised entropy :math:`h_i/\log K` —
-    the scale of S-AvUC's :math:`\kappa` (Sec. 4.2), of which the hard split is
-    the :math:`T \to 0` limit — so the raw-entropy threshold of [1, 2] is
-    :math:`\kappa \log K`; [1] tunes :math:`\kappa` (App. F) and reports no
-    value, and [2] derives it from early-training entropies, so the default
-    ``kappa=0.5`` is this library's. The :math:`\tanh` is of the raw entropy, as
-    printed. The ratio is evaluated as
-    :math:`\log(N_{all} + \epsilon) - \log(n_{AC} + n_{IU} + \epsilon)` with
-    :math:`\epsilon = 10^{-10}`, which keeps batches with
-    :math:`n_{AC} + n_{IU} = 0` finite. The hard accurate/uncertain split carries
-    no gradient.
+    The threshold is on the normalised entropy (the raw-entropy threshold of
+    [1, 2] is :math:`\kappa \log K`); neither paper gives a value, so
+    ``kappa=0.5`` is this library's. The :math:`\tanh` is of the raw entropy,
+    as printed. The ratio is a difference of logs with :math:`\epsilon =
+    10^{-10}` added to both sums (finite when :math:`n_{AC} + n_{IU} = 0`). The
+    hard split carries no gradient.
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, ``K >= 2``.
@@ -116,8 +98,7 @@ def avuc(
       where: optional bool ``[B]``; ``False`` rows are ignored (padding).
 
     Returns:
-      float32 scalar over the unmasked batch; global-batch semantics under
-      data-sharded jit.
+      float32 scalar over the unmasked batch (global under data-sharded jit).
 
     Raises:
       ValueError: ``kappa`` outside [0, 1] or fewer than 2 classes.
@@ -149,14 +130,10 @@ def avuc_gs(
     r"""AvUC with gradient stopping, AvUC-GS (batch-level).
 
     Same value as :func:`avuc`; App. F of [1] stops the gradient through the
-    :math:`c_i` and :math:`(1 - c_i)` multiplicands of all four counts, which
-    otherwise push inaccurate-certain predictions to be more confident and
-    accurate-uncertain ones to be less confident. The gradient then flows only
-    through :math:`\tanh h_i`. The counts, the threshold convention, the default
-    ``kappa=0.5`` and the :math:`\epsilon` are those of :func:`avuc`.
-
-    Because of the stopped gradients, the gradient of this function is not the
-    derivative of its value (by design).
+    :math:`c_i` and :math:`(1 - c_i)` multiplicands of all four counts, so the
+    gradient flows only through :math:`\tanh h_i` (it is not the derivative of
+    the value, by design). Counts, threshold, default ``kappa=0.5`` and
+    :math:`\epsilon` are those of :func:`avuc`.
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, ``K >= 2``.
@@ -165,8 +142,7 @@ def avuc_gs(
       where: optional bool ``[B]``; ``False`` rows are ignored (padding).
 
     Returns:
-      float32 scalar over the unmasked batch; global-batch semantics under
-      data-sharded jit.
+      float32 scalar over the unmasked batch (global under data-sharded jit).
 
     Raises:
       ValueError: ``kappa`` outside [0, 1] or fewer than 2 classes.
@@ -200,9 +176,7 @@ def soft_uncertainty(
 
     It tends to :math:`1[h^* > \kappa]` as :math:`T \to 0` and is the identity
     for :math:`\kappa = 1/2, T = 1`. :math:`h^*` is clipped to
-    :math:`[10^{-30}, 1 - \epsilon_{\text{mach}}]` so that the logarithms stay
-    finite at exactly 0 (one-hot predictions) and 1 (uniform predictions); the
-    clip changes the value by less than :math:`\epsilon_{\text{mach}}`.
+    :math:`[10^{-30}, 1 - \epsilon_{\text{mach}}]` (finite at 0 and 1).
 
     Args:
       h_norm: float ``[B]`` normalised entropies :math:`h^* = h/\log K`.
@@ -234,10 +208,9 @@ def s_avuc(
 ) -> jax.Array:
     r"""Soft AvUC, S-AvUC (batch-level).
 
-    Eqs. (15)–(16) of [1]: the hard certain/uncertain split of AvUC and its
-    confidence multiplicands are both replaced by the soft uncertainty
-    :math:`t_i = t_{\kappa,T}(h_i^*)` (:func:`soft_uncertainty`) of the
-    normalised entropy :math:`h_i^* = h_i/\log K`:
+    Eqs. (15)–(16) of [1]: AvUC's hard split and confidence multiplicands are
+    replaced by the soft uncertainty :math:`t_i = t_{\kappa,T}(h_i/\log K)`
+    (:func:`soft_uncertainty`):
 
     .. math::
 
@@ -250,14 +223,10 @@ def s_avuc(
         n'_{AC} = \sum_{i:\,a_i=1} (1 - t_i)(1 - \tanh h_i), \quad
         n'_{IU} = \sum_{i:\,a_i=0} t_i \tanh h_i,
 
-    with :math:`a_i = 1[\arg\max_k p_{ik} = y_i]` (hard, no gradient) and
-    :math:`h_i` the raw entropy in nats inside :math:`\tanh`, as printed.
-
-    Defaults: [1] tunes :math:`\kappa` and :math:`T` per setting (App. G) and
-    reports no values; ``kappa=0.5, temperature=1`` is the special case named in
-    Sec. 4.2 where :math:`t` is the identity, :math:`t(h^*) = h^*`. As in
-    :func:`avuc`, the ratio is evaluated as a difference of logarithms with
-    :math:`\epsilon = 10^{-10}` added to both sums.
+    with :math:`a_i` the hard correctness (no gradient) and :math:`h_i` the raw
+    entropy in nats, as printed. [1] reports no :math:`\kappa`, :math:`T` (App.
+    G); ``kappa=0.5, temperature=1`` makes :math:`t` the identity (Sec. 4.2).
+    The ratio is evaluated as in :func:`avuc` (:math:`\epsilon = 10^{-10}`).
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities, ``K >= 2``.
@@ -267,17 +236,15 @@ def s_avuc(
       where: optional bool ``[B]``; ``False`` rows are ignored (padding).
 
     Returns:
-      float32 scalar over the unmasked batch; global-batch semantics under
-      data-sharded jit.
+      float32 scalar over the unmasked batch (global under data-sharded jit).
 
     Raises:
       ValueError: ``kappa`` outside (0, 1), ``temperature <= 0`` or fewer than
         2 classes.
 
     References:
-      [1] A. Karandikar, N. Cain, D. Tran, B. Lakshminarayanan, J. Shlens,
-      M. C. Mozer, B. Roelofs, "Soft Calibration Objectives for Neural
-      Networks", NeurIPS 2021, Eqs. (15)–(16), Sec. 4.2.
+      [1] A. Karandikar et al., "Soft Calibration Objectives for Neural Networks",
+      NeurIPS 2021, Eqs. (15)–(16), Sec. 4.2.
 
     Examples:
       >>> import jax.numpy as jnp

@@ -18,19 +18,15 @@ def mdca(
 ) -> jax.Array:
     r"""MDCA regulariser: per-class gap between mean probability and frequency.
 
-    Batch-level; over the :math:`N` unmasked samples,
+    Over the :math:`N` unmasked samples (batch-level),
 
     .. math::
 
         \mathrm{MDCA} = \frac{1}{K}\sum_{k=1}^{K}\Big|\frac{1}{N}\sum_{i=1}^{N}
             p_{ik} - \frac{1}{N}\sum_{i=1}^{N} 1[y_i = k]\Big|,
 
-    the difference between the average predicted probability of every class and
-    its share of the labels (all classes, not only the top one). It is 0 when
-    the batch's mean prediction equals its label distribution. Returns only the
-    regularisation term; [1] adds :math:`\beta\cdot\mathrm{MDCA}` to a primary
-    loss. The restatement in the ACLS supplement [2], Eq. (9), omits the
-    :math:`1/K`, which only rescales :math:`\beta`.
+    only the regulariser; [1] adds :math:`\beta\cdot\mathrm{MDCA}` to a
+    primary loss. [2], Eq. (9), omits the :math:`1/K` (it rescales :math:`\beta`).
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities.
@@ -38,16 +34,14 @@ def mdca(
       where: optional bool ``[B]``; ``False`` rows are ignored (padding).
 
     Returns:
-      float32 scalar over the unmasked batch; global-batch semantics under
-      data-sharded jit.
+      float32 scalar over the unmasked batch (global under data-sharded jit).
 
     References:
       [1] R. Hebbalaguppe, J. Prakash, N. Madan, C. Arora, "A Stitch in Time
       Saves Nine: A Train-Time Regularizing Loss for Improved Neural Network
       Calibration", CVPR 2022 (the MDCA loss).
-      [2] H. Park, J. Noh, Y. Oh, D. Baek, B. Ham, "ACLS: Adaptive and
-      Conditional Label Smoothing for Network Calibration", ICCV 2023,
-      supplementary Sec. S1.3, Eq. (9).
+      [2] H. Park et al., "ACLS: Adaptive and Conditional Label Smoothing for Network
+      Calibration", ICCV 2023, supplementary Sec. S1.3, Eq. (9).
 
     Examples:
       >>> import jax.numpy as jnp

@@ -35,11 +35,10 @@ def mmce(
 ) -> jax.Array:
     r"""Kernel maximum mean calibration error of the top label (batch-level).
 
-    With confidence :math:`r_i = \max_k p_{ik}`, hard correctness
-    :math:`c_i = 1[\arg\max_k p_{ik} = y_i]` (no gradient; the library's rule:
-    the first arg-max index must be the label) and the Laplacian
-    kernel :math:`k(r, r') = \exp(-|r - r'|/\text{bandwidth})`, the minibatch
-    estimator of [1] over the :math:`N` unmasked samples is
+    With confidence :math:`r_i = \max_k p_{ik}`, hard correctness :math:`c_i`
+    (no gradient; the first arg-max index is the label) and the Laplacian kernel
+    :math:`k(r, r') = \exp(-|r - r'|/\text{bandwidth})`, the minibatch estimator
+    of [1] over the :math:`N` unmasked samples is
 
     .. math::
 
@@ -59,19 +58,14 @@ def mmce(
         - 2\sum_{i\in\mathcal C,\,j\in\mathcal I}
             \frac{(1-r_i)\,r_j\,k(r_i,r_j)}{m(N-m)},
 
-    i.e. the squared RKHS norm of the difference of the two groups' mean
-    embeddings; an empty group contributes nothing. Both are quadratic in the
-    batch (an ``[N, N]`` kernel matrix), by definition.
+    an empty group contributing nothing. Both build an ``[N, N]`` kernel matrix.
 
-    Returned form: [1] adds :math:`\lambda\,\mathrm{MMCE}` — the square root
-    of the kernel double sum — to the negative log-likelihood when training, so
-    the default returns :math:`\sqrt{\mathrm{MMCE}^2}` (with the subgradient 0
-    at 0); ``squared=True`` returns the double sum itself, which is smooth
-    everywhere. The default ``bandwidth=0.4`` is the kernel width used in [1].
+    [1] trains with :math:`\lambda\,\mathrm{MMCE}`, the square root of the
+    double sum, so that is the default (subgradient 0 at 0); ``squared=True``
+    returns the double sum, smooth everywhere. ``bandwidth=0.4`` is [1]'s.
 
-    ``variant='released_code'`` (with ``weighted=True`` only) computes the
-    authors' ``calibration_mmce_w_loss`` (repository aviralkumar2907/MMCE,
-    file ``20ng_mmce.py``; the same function drives their other scripts):
+    ``variant='released_code'`` (``weighted=True`` only) computes the authors'
+    ``calibration_mmce_w_loss`` (aviralkumar2907/MMCE, ``20ng_mmce.py``):
 
     .. math::
 
@@ -80,9 +74,7 @@ def mmce(
         - \frac{2\,\bar S_{\mathcal C\mathcal I}}{mn + 10^{-5}} + 10^{-10}},
 
     with :math:`n = N - m` and :math:`\bar S` the *mean* of each weighted
-    kernel block (e.g. :math:`\bar S_{\mathcal C\mathcal C} = \frac{1}{m^2}
-    \sum_{i,j\in\mathcal C}(1-r_i)(1-r_j)k(r_i,r_j)`). Differences from the
-    paper, one per line:
+    kernel block. Differences from the paper, one per line:
 
     * every block is normalised twice (its mean, then :math:`1/m^2`, :math:`1/n^2`, :math:`1/(mn)`), i.e. by :math:`m^4`, :math:`n^4`, :math:`m^2n^2`;
     * :math:`10^{-5}` is added to :math:`m^2`, :math:`n^2`, :math:`mn`, and :math:`10^{-10}` under the root;
@@ -99,8 +91,7 @@ def mmce(
       where: optional bool ``[B]``; ``False`` rows are ignored (padding).
 
     Returns:
-      float32 scalar over the unmasked batch; global-batch semantics under
-      data-sharded jit.
+      float32 scalar over the unmasked batch (global under data-sharded jit).
 
     Raises:
       ValueError: ``bandwidth <= 0``, an unknown ``variant``, or
@@ -108,11 +99,8 @@ def mmce(
 
     References:
       [1] A. Kumar, S. Sarawagi, U. Jain, "Trainable Calibration Measures for
-      Neural Networks from Kernel Mean Embeddings", ICML 2018 (PMLR 80), Sec. 3
-      (MMCE and its minibatch estimate) and Sec. 4 (weighted MMCE, training
-      objective). (Equation numbers are not quoted: they have not been
-      checked against the paper's text.) Code: github.com/aviralkumar2907/MMCE,
-      ``20ng_mmce.py``.
+      Neural Networks from Kernel Mean Embeddings", ICML 2018, Secs. 3-4.
+      Code: github.com/aviralkumar2907/MMCE, ``20ng_mmce.py``.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -173,8 +161,7 @@ def _mmce_released(logits, labels, mask, bandwidth):
     s_cc = jnp.sum(u * (kernel @ u))
     s_ii = jnp.sum(v * (kernel @ v))
     s_ci = jnp.sum(u * (kernel @ v))
-    # The first normalisation: the mean of each weighted kernel block
-    # (tf.reduce_mean over m x m, n x n, m x n entries) ...
+    # The first normalisation: the mean of each weighted kernel block ...
     m1 = jnp.maximum(m, 1.0)
     n1 = jnp.maximum(n, 1.0)
     cc = s_cc / (m1 * m1)

@@ -36,8 +36,7 @@ def soft_bin_membership(
         \Big), \qquad \xi_j = \frac{j - 1/2}{M},\ j = 1, \dots, M,
 
     Sec. 4.1 of [1]. As :math:`T \to 0` it tends to the one-hot indicator of
-    the nearest centre, i.e. of the equal-width bin ``[(j-1)/M, j/M)`` holding
-    :math:`c`.
+    the equal-width bin ``[(j-1)/M, j/M)`` holding :math:`c`.
 
     Args:
       confidence: float ``[B]`` values in [0, 1].
@@ -88,27 +87,19 @@ def sb_ece(
         \Big)^{1/p} \qquad \text{(Eq. (12))}
 
     with :math:`u_{ij} = u^*_{M,T}(c_i)_j`, confidence :math:`c_i = \max_k
-    p_{ik}` (the binned quantity, Sec. 3.1) and *hard* accuracy :math:`a_i =
-    1[\arg\max_k p_{ik} = y_i]` (no gradient flows through :math:`a_i`; all of it
-    goes through :math:`c_i`; the library's correctness rule: the first arg-max
-    index must be the label, so on all-equal logits only label 0 is correct,
-    as in :func:`calib_jax.metrics.ece`). ``kind='lb'`` is the paper's "Expected
-    Soft-Label-Binned Calibration Error" — the variant it trains with (App. G)
-    — and by Jensen's inequality ``lb >= bin`` for every ``p >= 1``, :math:`T`
-    and batch. As :math:`T \to 0` both tend to the hard-binned
-    :math:`\mathrm{ECE}_{\mathrm{bin},p}` / :math:`\mathrm{ECE}_{\mathrm{lb},p}`
-    with the equal-width bins ``[(j-1)/M, j/M)``.
+    p_{ik}` and *hard* accuracy :math:`a_i = 1[\arg\max_k p_{ik} = y_i]` (no
+    gradient; the first arg-max index must be the label, as in
+    :func:`calib_jax.metrics.ece`). ``kind='lb'`` is the variant the paper
+    trains with (App. G); ``lb >= bin`` for every ``p >= 1`` (Jensen). As
+    :math:`T \to 0` both tend to the hard-binned ECE with the equal-width bins
+    ``[(j-1)/M, j/M)``.
 
-    Defaults: ``num_bins=15`` is the paper's fixed M (App. G); ``p=2`` matches
-    the :math:`\ell_2` ECE every table of the paper reports; the paper tunes
-    :math:`T` per setting and publishes no value, so ``temperature=0.01`` is
-    this library's choice (adjacent centres are 1/15 apart; tune it).
+    Defaults: ``num_bins=15`` (App. G), ``p=2`` (the paper's tables); the paper
+    publishes no :math:`T`: ``temperature=0.01`` is this library's (tune it).
 
-    ``variant='released_code'`` (with ``kind='lb'`` and ``p=2`` only) computes
-    the soft-calibration authors' TensorFlow function
-    ``compute_squared_error_label_binning_tensorflow`` (repository
-    google/uncertainty-baselines, file
-    ``experimental/caltrain/secondary_losses.py``):
+    ``variant='released_code'`` (``kind='lb'``, ``p=2`` only) computes the
+    authors' ``compute_squared_error_label_binning_tensorflow``
+    (google/uncertainty-baselines, ``experimental/caltrain/secondary_losses.py``):
 
     .. math::
 
@@ -116,8 +107,7 @@ def sb_ece(
         \tilde u_{ij} = (1 - 10^{-5})\,u'_{ij} + \frac{10^{-5}}{M},\qquad
         \tilde A_j = \frac{\sum_i \tilde u_{ij} a_i}{\sum_i \tilde u_{ij}},
 
-    with :math:`u'` the soft membership in ``M`` bins of equal width on
-    :math:`[1/K, 1]`. Differences from the paper, one per line:
+    with :math:`u'` the soft membership. Differences from the paper, one per line:
 
     * the bins span :math:`[1/K, 1]` (centres :math:`1/K + (j - 1/2)(1 - 1/K)/M`), not :math:`[0, 1]`;
     * :math:`10^{-5}/M` is mixed into every soft assignment (weight :math:`1 - 10^{-5}` on the softmax);
@@ -125,13 +115,13 @@ def sb_ece(
     * only the label-binned :math:`\ell_2` form exists (``kind='bin'`` or ``p != 2`` raise a ValueError);
     * no bin is dropped for small mass (the mixed-in :math:`10^{-5}/M` keeps every :math:`\sum_i \tilde u_{ij} > 0`).
 
-    ``exp(-(b - c)^2 / T)`` normalised over the bins is evaluated as a softmax
-    (the same value; the released quotient underflows to 0/0 at small ``T``).
+    The normalised ``exp(-(b - c)^2 / T)`` is a softmax here (the released
+    quotient underflows to 0/0 at small ``T``).
 
     Numerics: bins whose mass :math:`S_j` is below :math:`\sqrt{\text{tiny}}`
-    (about :math:`10^{-19}` in float32) are treated as empty; the
-    outer :math:`p`-th root and :math:`|\cdot|^p` use the subgradient 0 at 0, so
-    a perfectly calibrated batch gives value 0 with finite (zero) gradient.
+    (about :math:`10^{-19}` in float32) are treated as empty; the :math:`p`-th
+    root and :math:`|\cdot|^p` use the subgradient 0 at 0 (a perfectly
+    calibrated batch gives value 0 with zero gradient).
 
     Args:
       logits: float ``[B, K]`` unnormalised log-probabilities.
@@ -145,8 +135,7 @@ def sb_ece(
       where: optional bool ``[B]``; ``False`` rows are ignored (padding).
 
     Returns:
-      float32 scalar over the unmasked batch; global-batch semantics under
-      data-sharded jit.
+      float32 scalar over the unmasked batch (global under data-sharded jit).
 
     Raises:
       ValueError: ``temperature <= 0``, ``p < 1``, ``num_bins < 1``, an
@@ -154,9 +143,8 @@ def sb_ece(
         ``kind='bin'`` or ``p != 2``.
 
     References:
-      [1] A. Karandikar, N. Cain, D. Tran, B. Lakshminarayanan, J. Shlens,
-      M. C. Mozer, B. Roelofs, "Soft Calibration Objectives for Neural
-      Networks", NeurIPS 2021, Eqs. (8)–(12), App. G. Code:
+      [1] A. Karandikar et al., "Soft Calibration Objectives for Neural Networks",
+      NeurIPS 2021, Eqs. (8)–(12), App. G. Code:
       github.com/google/uncertainty-baselines,
       ``experimental/caltrain/secondary_losses.py``.
 
@@ -193,8 +181,7 @@ def _sb_ece_released(logits, labels, mask, temperature, *, num_bins):
     dtype = conf.dtype
     edges = jnp.linspace(1.0 / logits.shape[1], 1.0, num_bins + 1, dtype=dtype)
     centres = 0.5 * edges[1:] + 0.5 * edges[:-1]
-    # exp(-(b - p)^2 / T) normalised over the bins: a softmax (same value, no
-    # underflow of the denominator at small T).
+    # A softmax: exp(-(b - p)^2 / T) normalised without underflow at small T.
     c_pre = jax.nn.softmax(
         -((centres[None, :] - conf[:, None]) ** 2) / jnp.asarray(temperature, dtype),
         axis=1,
@@ -228,13 +215,10 @@ def sb_ece_from_confidences(
 ) -> jax.Array:
     r"""SB-ECE of :func:`sb_ece` from per-row confidences (batch-level).
 
-    Everything :func:`sb_ece` computes after the softmax: the soft binning of
-    Eqs. (8)-(12) of [1] on ``[B]`` vectors (``O(B M)``). Derivatives flow
-    through ``conf`` only. A traceable building block, like
-    :func:`soft_bin_membership`, for confidences computed another way (the
-    SB-ECE objective of ``posthoc.fit_temperature`` evaluates it on the
-    confidences of :math:`z/T`): only ``kind`` is checked; the values are
-    the caller's to validate.
+    Everything :func:`sb_ece` computes after the softmax (Eqs. (8)-(12) of
+    [1]), for confidences computed another way (e.g. of :math:`z/T` in
+    ``posthoc.fit_temperature``). Derivatives flow through ``conf`` only; only
+    ``kind`` is checked, the values are the caller's to validate.
 
     Args:
       conf: float ``[B]`` top-label confidences :math:`c_i`.
@@ -279,9 +263,8 @@ def sb_ece_from_confidences(
         gap = jnp.sum(u * (acc - conf)[:, None], axis=0) / safe_size
         total = jnp.sum(jnp.where(occupied, size * safe_pow(jnp.abs(gap), p), 0.0))
     else:
-        # A_j, Eq. (10), as 1 - sum_i u_ij (1 - a_i) / S_j: the same quantity,
-        # but a bin of accurate samples gets A_j == 1 exactly (a zero sum),
-        # whatever order XLA sums S_j in.
+        # A_j, Eq. (10), as 1 - sum_i u_ij (1 - a_i) / S_j: a bin of accurate
+        # samples gets A_j == 1 exactly, whatever order XLA sums S_j in.
         bin_acc = 1.0 - jnp.sum(u * (1.0 - acc)[:, None], axis=0) / safe_size
         dev = safe_pow(jnp.abs(bin_acc[None, :] - conf[:, None]), p)
         total = jnp.sum(jnp.where(occupied[None, :], u * dev, 0.0))

@@ -4,21 +4,13 @@ Every loss has the signature ``name(logits, labels, *, <hparams>, where=None)``:
 ``logits`` float ``[B, K]`` (upcast to float32), ``labels`` int ``[B]``,
 ``where`` an optional bool ``[B]`` mask (``False`` rows are excluded).
 
-- **Per-example** losses and regularizers return float32 ``[B]``; the caller
-  reduces. Regularizers return only their penalty.
-- **Batch-level** losses return one float32 scalar over the unmasked batch; under
-  ``jax.jit`` on a batch sharded over a ``"data"`` mesh it is the global-batch
-  value.
-- **Correctness** (SB-ECE, AvUC, S-AvUC, MMCE, the dual-focal variants) is the
-  library's single rule: a prediction is correct when the *first* arg-max index
-  of the logits equals the label (what ``jnp.argmax``, NumPy and torch
-  return), as in :mod:`calib_jax.metrics`, :mod:`calib_jax.posthoc` and the
-  benchmark; on all-equal logits only label 0 is correct.
-- **Variants**: the papers' equations are the default (``variant='paper'``);
-  ``variant='released_code'`` on ``au_pxtau``, ``acls``, ``dual_focal``,
-  ``sb_ece`` (``kind='lb'``) and ``mmce`` (``weighted=True``) computes what the
-  authors' repository computes, named with every difference in each docstring
-  (``docs/conventions.md`` has the table).
+- **Per-example** losses and regularizers (only their penalty) return float32
+  ``[B]``; the caller reduces.
+- **Batch-level** losses return a float32 scalar over the unmasked batch, the
+  global-batch value under ``jax.jit`` on a batch sharded over a ``"data"`` mesh.
+- **Correctness**: the *first* arg-max index of the logits equals the label.
+  The papers' equations are the default; ``variant='released_code'`` computes
+  the authors' code. Both: ``docs/conventions.md``.
 
 :func:`get_loss` looks a loss up by name and binds validated hyperparameters;
 :func:`composite` turns a config list of terms into one objective.
@@ -46,8 +38,7 @@ from calib_jax.losses._soft_ece import (
     soft_bin_membership,
 )
 
-# name -> function. Per-example primary losses and regularizers return [B];
-# the names in BATCH_LEVEL return a scalar over the batch.
+# name -> function; the names in BATCH_LEVEL return a scalar, the others [B].
 LOSSES = {
     "cross_entropy": cross_entropy,
     "focal": focal,

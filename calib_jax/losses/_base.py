@@ -1,14 +1,7 @@
-r"""The losses' base: masking, gathers, row statistics, true class versus rest.
+"""The losses' base: masking, gathers, row statistics, true class versus rest.
 
-Every loss module builds on the helpers here and on no sibling loss module.
-The two shared kernels, :func:`row_stats` (kernel family ``'loss_rows'``) and
-:func:`true_vs_rest` (``'loss_true_vs_rest'``), are plain ``jnp`` with JAX's
-autodiff; ``@kernels.dispatch`` swaps in their XLA:CPU drop-ins from
-:mod:`calib_jax.losses._cpu_kernels` (:mod:`calib_jax.kernels`). Float64
-references: ``tests/_reference.py`` and ``tests/_reference_batch.py``.
-
-The masking helpers zero excluded rows with ``jnp.where`` (never a product), so
-that NaN/inf in a padded row reach neither the value nor the gradient.
+Masking uses ``jnp.where`` (never a product): NaN/inf in a padded row reach
+neither the value nor the gradient.
 """
 
 from __future__ import annotations
@@ -21,10 +14,6 @@ from jax import lax
 
 from calib_jax import kernels
 from calib_jax.losses import _cpu_kernels
-
-# ---------------------------------------------------------------------------
-# Masking.
-# ---------------------------------------------------------------------------
 
 
 def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -50,16 +39,10 @@ def zero_excluded_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def zero_excluded_rows(logits: jax.Array, labels: jax.Array, mask: jax.Array):
-    """Zeroes the logits and the labels of excluded rows: the cotangent of an
-    excluded row is then exactly 0, whatever it held."""
+    """Zeroes the logits and labels of excluded rows (their cotangent is 0)."""
     logits = jnp.where(mask[:, None], logits, jnp.zeros_like(logits))
     labels = jnp.where(mask, labels, jnp.zeros_like(labels))
     return logits, labels
-
-
-# ---------------------------------------------------------------------------
-# Gathers, first indices, powers.
-# ---------------------------------------------------------------------------
 
 
 def take_col(x: jax.Array, idx: jax.Array) -> jax.Array:
@@ -68,40 +51,31 @@ def take_col(x: jax.Array, idx: jax.Array) -> jax.Array:
 
 
 def first_index(x: jax.Array, value: jax.Array) -> jax.Array:
-    """First column ``k`` with ``x[b, k] == value[b]``, int32 ``[B]``, no
-    gradient. ``value`` must be attained in every row (a row max or min); this
-    is ``jnp.argmax``'s tie rule as an integer min over the classes."""
+    """First column ``k`` with ``x[b, k] == value[b]`` (a row max or min, so
+    attained), int32 ``[B]``, no gradient: ``jnp.argmax``'s tie rule."""
     cols = lax.broadcasted_iota(jnp.int32, x.shape, 1)
     first = jnp.min(jnp.where(x == value[:, None], cols, x.shape[1]), axis=1)
     return lax.stop_gradient(first)
 
 
 def first_max(x: jax.Array) -> jax.Array:
-    """The row maximum; its derivative goes to the first maximal entry (the
-    released codes' ``torch.max``)."""
+    """The row maximum; its derivative goes to the first maximal entry."""
     return take_col(x, jnp.argmax(x, axis=1).astype(jnp.int32))
 
 
 def clamp(x: jax.Array, lo, hi) -> jax.Array:
-    """``torch.clamp``: the value clipped to ``[lo, hi]``; the derivative is 1
-    inside the closed interval and 0 outside (``jnp.clip`` would halve it at
-    the bounds)."""
+    """``torch.clamp``: derivative 1 on the closed ``[lo, hi]``, 0 outside
+    (``jnp.clip`` would halve it at the bounds)."""
     lo = jnp.asarray(lo, x.dtype)
     hi = jnp.asarray(hi, x.dtype)
     return jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
 
 
 def safe_pow(x: jax.Array, exponent) -> jax.Array:
-    """``x ** exponent`` for ``x >= 0`` with value 0 and gradient 0 at ``x == 0``
-    (the p-th powers and roots of the ECE family, MMCE's square root)."""
+    """``x ** exponent`` for ``x >= 0`` with value and gradient 0 at ``x == 0``."""
     pos = x > 0
     safe = jnp.where(pos, x, jnp.ones_like(x))
     return jnp.where(pos, safe**exponent, jnp.zeros_like(x))
-
-
-# ---------------------------------------------------------------------------
-# True class versus the rest: the focal family and the Brier score.
-# ---------------------------------------------------------------------------
 
 
 class Split(NamedTuple):
@@ -136,16 +110,9 @@ class Split(NamedTuple):
 def true_vs_rest(
     logits: jax.Array, labels: jax.Array, *, squares: bool = False
 ) -> Split:
-    r"""The log-odds :math:`d = z_y - \log\sum_{k \ne y} e^{z_k}` and its parts.
-
-    :math:`\log p_y = \log\sigma(d)` and :math:`\log(1 - p_y) = \log\sigma(-d)`
-    are finite with finite gradients for every finite logit vector
-    (:math:`K \ge 2`), including :math:`p_y` that rounds to 0 or 1, where
-    ``1 - exp(log p_y)`` would lose :math:`1 - p_y` to rounding. The sums are
-    shifted by :math:`r = \max_{k \ne y} z_k` (a constant: log-sum-exp is
-    shift invariant), so they are :math:`\ge 1` and nothing overflows.
-    ``squares`` adds :math:`\sum_{k \ne y} e^{2(z_k - r)}` (the Brier score).
-    """
+    """The log-odds ``d = z_y - log sum_{k != y} e^{z_k}`` and its parts: ``log
+    p_y = log_sigmoid(d)`` and ``log(1 - p_y) = log_sigmoid(-d)`` stay finite,
+    with finite gradients, where ``p_y`` rounds to 0 or 1 (K >= 2)."""
     return Split(*rest_parts(logits, labels, squares=squares))
 
 
@@ -160,11 +127,6 @@ def rest_parts(z, labels, *, squares):
     s = rest - rest_max[:, None]
     rest_sq = jnp.sum(jnp.exp(2.0 * s), axis=1) if squares else None
     return z_true, rest_max, jnp.sum(jnp.exp(s), axis=1), rest_sq
-
-
-# ---------------------------------------------------------------------------
-# Softmax row statistics: the batch-level losses and the confidence scores.
-# ---------------------------------------------------------------------------
 
 
 class Rows(NamedTuple):
@@ -186,16 +148,9 @@ def row_stats(
     entropy: bool = False,
     margin: bool = False,
 ) -> Rows:
-    r"""The requested per-example softmax statistics.
-
-    With :math:`p = \mathrm{softmax}(z)`: correctness :math:`1[\hat y = y]`
-    (:math:`\hat y` the first index of the maximal logit, as ``jnp.argmax``,
-    NumPy and torch return; on all-equal logits only label 0 is correct),
-    cross-entropy :math:`-\log p_y`, confidence :math:`\max_k p_k`, entropy
-    :math:`-\sum_k p_k \log p_k` and margin :math:`p_{(1)} - p_{(2)}` (0 on a
-    tie at the top). Tied maxima share the derivative of the confidence
-    evenly, as for ``jnp.max``. Static flags choose the outputs.
-    """
+    """The per-example softmax statistics the static flags request (see
+    ``Rows``); tied maxima share the confidence's derivative, as for
+    ``jnp.max``, and the margin is 0 on a tie at the top."""
     flags = {"has_labels": labels is not None, "ce": ce, "conf": conf}
     flags.update(entropy=entropy, margin=margin)
     # Labels are an argument (not a closure) so that no tracer is captured.

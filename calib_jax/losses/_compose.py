@@ -13,8 +13,7 @@ import jax.numpy as jnp
 from calib_jax.losses._base import masked_mean
 from calib_jax.losses._validation_base import prepare
 
-# The abstract batch a term is evaluated on when it is bound: [B, K] float32
-# logits and [B] int32 labels (no values, so nothing is computed).
+# [B, K] of the abstract batch a term is evaluated on when it is bound.
 _PROBE_SHAPE = (4, 3)
 
 LossFn = Callable[..., jax.Array]
@@ -31,12 +30,7 @@ def _hyperparameters(fn: LossFn) -> dict[str, inspect.Parameter]:
 
 
 def bind(name: str, fn: LossFn, hparams: Mapping[str, object]) -> LossFn:
-    """Validates ``hparams`` against ``fn``'s signature and binds them.
-
-    Raises:
-      ValueError: an unknown hyperparameter (the accepted ones are listed) or a
-        concrete value outside its domain (e.g. ``temperature <= 0``).
-    """
+    """Validates ``hparams`` against ``fn``'s signature and binds them."""
     accepted = _hyperparameters(fn)
     for key in hparams:
         if key not in accepted:
@@ -50,15 +44,8 @@ def bind(name: str, fn: LossFn, hparams: Mapping[str, object]) -> LossFn:
 
 
 def _check_domains(name: str, bound: LossFn, accepted) -> None:
-    """Evaluates ``bound`` abstractly so that the loss checks its own domains.
-
-    ``jax.eval_shape`` traces the loss on a ``ShapeDtypeStruct`` batch: the
-    bound hyperparameters stay concrete, so the loss's own checks (the only
-    place a domain is written) raise, while nothing is computed. The message
-    gains the term's name: ``<loss>.<hyperparameter> ...`` when it starts with
-    a hyperparameter's name (the config path of the value), else
-    ``loss term '<loss>': ...``.
-    """
+    """Traces ``bound`` with ``jax.eval_shape`` so that the loss's own checks
+    raise on its concrete hyperparameters; the message gains the term's name."""
     b, k = _PROBE_SHAPE
     logits = jax.ShapeDtypeStruct((b, k), jnp.float32)
     labels = jax.ShapeDtypeStruct((b,), jnp.int32)
@@ -83,13 +70,8 @@ def compose(
     registry: Mapping[str, LossFn],
     batch_level: frozenset[str],
 ) -> Callable[..., tuple[jax.Array, dict[str, jax.Array]]]:
-    """Builds ``(logits, labels, where=None) -> (total, {'loss/<term>': value})``.
-
-    Used through :func:`calib_jax.losses.composite`, which supplies the registry.
-    A term's weight must be a finite number >= 0; a weight of 0 switches the
-    term off (it is still computed and logged, adding nothing to the total).
-    A negative weight would maximise the term and is refused.
-    """
+    """Builds ``(logits, labels, where=None) -> (total, {'loss/<term>': value})``;
+    a weight of 0 switches a term off (it is still computed and logged)."""
     if isinstance(terms, Mapping) or not terms:
         raise ValueError(
             "loss terms must be a non-empty list of dicts like "

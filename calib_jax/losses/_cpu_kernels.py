@@ -1,12 +1,6 @@
-"""CPU-tuned drop-ins for the plain loss kernels (:mod:`calib_jax.kernels`).
-
-Each public function here has the signature and outputs of the plain function
-it names and is chosen by ``@kernels.dispatch`` on that function. They are
-tuned for XLA:CPU: fused variadic row reductions (:func:`row_reduce`) and
-``custom_jvp`` rules whose transpose is one elementwise pass; the measured
-speed-ups over the plain forms are in ``benchmarks/RESULTS.md``. Nothing here
-imports a loss module.
-"""
+"""XLA:CPU drop-ins for the plain loss kernels, chosen by ``@kernels.dispatch``:
+fused variadic row reductions and ``custom_jvp`` rules whose transpose is one
+elementwise pass. Nothing here imports a loss module."""
 
 from __future__ import annotations
 
@@ -24,8 +18,7 @@ def _take_col(x: jax.Array, idx: jax.Array) -> jax.Array:
 
 def row_reduce(operands, inits, combiners):
     """Reduces each ``[B, K]`` operand over the classes in one variadic reduction
-    (``[B]`` per operand; no gradient): XLA:CPU reads ``[B, K]`` once for all
-    outputs, vectorised with at most one float sum among them."""
+    (``[B]`` each, no gradient; vectorised with at most one float sum)."""
     operands = tuple(lax.stop_gradient(op) for op in operands)
     inits = tuple(jnp.asarray(v, op.dtype) for v, op in zip(inits, operands))
 
@@ -41,8 +34,7 @@ def no_tangent(x: jax.Array) -> np.ndarray:
 
 
 def unfused(x: jax.Array) -> jax.Array:
-    """Identity on a reduction result ``[B]`` that keeps XLA:CPU from fusing the
-    reduction into its ``[B] -> [B, K]`` broadcast (and writing that out)."""
+    """Identity that keeps XLA:CPU from fusing a row reduction into its broadcast."""
     return jnp.where(jnp.isnan(x), jnp.nan, x)
 
 
@@ -55,7 +47,6 @@ def max_rest_logit(z: jax.Array, z_true: jax.Array) -> jax.Array:
     """``max_{k != y} z_k`` per row without a compare with the label: the row
     max, or the largest logit below it when the label is the unique maximum."""
     finfo = jnp.finfo(z.dtype)
-    # The row max is its own reduction (see unfused).
     m = unfused(jnp.max(z, axis=1))
     below = z < m[:, None]
     second, n_top = row_reduce(
@@ -72,24 +63,20 @@ def _rest_parts(z, labels, squares):
     once and reused by the gradient; ``sum_k c_k - c_y >= 1`` cancels nothing."""
     z_true = _take_col(z, labels)
     rest_max = max_rest_logit(z, z_true)
-    # The same expressions as in the rule below, so that XLA computes the
-    # exponentials once, writes them out and reuses them for the gradient (as
-    # it does for cross-entropy's softmax).
+    # The rule's expressions: XLA computes c once and reuses it for the gradient.
     c = clamped_exp(z - rest_max[:, None])
     c_true = clamped_exp(z_true - rest_max)
     rest_sq = None
     if squares:
-        # Squares of the stored exponentials: the barrier (no value change)
-        # stops XLA:CPU from recomputing them as exp(2 s); the two-output
-        # reduction sums them in one read of c, without writing c * c out.
+        # The barrier keeps XLA:CPU from recomputing c * c as exp(2 s).
         c = lax.optimization_barrier(c)
         sq, n_ge = row_reduce(
             (c * c, jnp.where(c < 1.0, 0, 1).astype(jnp.int32)),
             (0, 0),
             (lax.add, lax.add),
         )
-        # n_ge >= 1 (the largest other logit gives c = e^0 = 1), so this
-        # select changes no value; using n_ge keeps the reduction two-output.
+        # n_ge >= 1 (c = 1 at the largest other logit): no value changes; using
+        # n_ge keeps the reduction two-output.
         sq = jnp.where(n_ge > 0, sq, jnp.full_like(sq, jnp.nan))
         rest_sq = sq - c_true * c_true
     rest = jnp.sum(c, axis=1) - c_true
@@ -120,29 +107,22 @@ def rest_parts(z, labels, *, squares):
 
 def row_parts(x, labels, *, has_labels, ce, conf, entropy, margin):
     """Drop-in for ``_base.row_parts``: one exponential pass and a custom JVP
-    whose transpose is one elementwise ``[B, K]`` pass (no ``argmax``: the
-    first exact maximum comes from an index min)."""
+    whose transpose is one elementwise ``[B, K]`` pass."""
     want_top = conf or margin
 
     def forward(x, labels):
-        # The row max is its own reduction; unfused keeps XLA:CPU from fusing
-        # the broadcast ``x - max`` into it and writing ``s`` out as a [B, K]
-        # array next to ``e`` (measured at (4096, 1000): the exponential then
-        # runs as a separate, slower single-op loop).
+        # unfused: XLA:CPU would otherwise write ``s`` out as a [B, K] array.
         m = unfused(jnp.max(x, axis=-1))
         s = x - m[:, None]
         e = jnp.exp(s)
-        # With labels, the first index of an exact maximum (s == 0, what
-        # jnp.argmax returns) rides in the same variadic reduction.
+        # With labels, the first exact maximum (s == 0) rides in the reduction.
         count = (
             functools.partial(sum_top_count_first, s=s)
             if has_labels
             else sum_and_top_count
         )
         if entropy:
-            # The tie count goes with sum_k e_k s_k (a loop that reads x and e;
-            # XLA:CPU would otherwise write s out as a [B, K] array), z is a
-            # plain sum.
+            # The tie count rides with sum_k e_k s_k (else s is written out).
             z = jnp.sum(e, axis=-1)
             ses, n_top, *first = count(e * s, e)
         else:
@@ -151,8 +131,6 @@ def row_parts(x, labels, *, has_labels, ce, conf, entropy, margin):
         aux = {"s": s, "e": e, "z": z, "log_z": log_z, "n_top": n_top}
         outs = {}
         if has_labels:
-            # A gather (no derivative is taken through it: the rule below is
-            # explicit), computed here rather than outside the custom rule.
             s_y = jnp.take_along_axis(x, labels[:, None], axis=-1)[:, 0] - m
             outs["correct"] = (first[0] == labels).astype(x.dtype)
             if ce:
@@ -163,16 +141,13 @@ def row_parts(x, labels, *, has_labels, ce, conf, entropy, margin):
                 outs["conf"] = c
         if entropy:
             h = log_z - ses / z
-            # n_top >= 1 in every row with a finite max (exp(0) == 1), and h is
-            # NaN in every other row, so this select changes no value; it uses
-            # n_top, which keeps the reduction that makes it a two-output loop
-            # when nothing else needs the count (XLA:CPU drops unused outputs).
+            # n_top >= 1 wherever h is not NaN: no value changes; using n_top
+            # keeps the reduction two-output (XLA:CPU drops unused outputs).
             h = jnp.where(n_top > 0, h, jnp.full_like(h, jnp.nan))
             aux["h"] = outs["entropy"] = h
         if margin:
-            # Maxima as above (exp(s) == 1); a tie at the top means
-            # p_(2) = p_(1) and a margin of 0. e2 = exp(s_(2)) is read off e (the
-            # largest entry below 1) without a select, which XLA:CPU fuses.
+            # A tie at the top gives margin 0; e2 = exp(s_(2)), the largest
+            # entry of e below 1, read off without a select (XLA:CPU fuses it).
             e2 = jnp.max(e - jnp.floor(e), axis=-1)
             e2 = jnp.where(n_top > 1, jnp.ones_like(e2), e2)
             aux["e2"] = e2
@@ -185,12 +160,9 @@ def row_parts(x, labels, *, has_labels, ce, conf, entropy, margin):
 
     @stats.defjvp
     def stats_jvp(primals, tangents):
-        # Every output tangent is a combination of a few row sums
-        # sum_k W[b, k] t[b, k] over fixed bases W (p, the label one-hot, the
-        # top indicator, p * s), so the transpose (the gradient) is a single
-        # elementwise pass over those bases. Row statistics (z, the tie count)
-        # come from the forward pass, so only the margin's runner-up count is
-        # a reduction in the gradient program.
+        # Every output tangent is a row sum sum_k W[b, k] t[b, k] over fixed
+        # bases W (p, the label one-hot, the top indicator, p * s), so the
+        # gradient is one elementwise pass over those bases.
         (x, labels), (t, _) = primals, tangents
         outs, aux = forward(x, labels)
         s, e, z, log_z = aux["s"], aux["e"], aux["z"], aux["log_z"]
@@ -200,14 +172,12 @@ def row_parts(x, labels, *, has_labels, ce, conf, entropy, margin):
         if has_labels:
             touts["correct"] = jnp.zeros_like(outs["correct"])
         if ce:
-            # A gather: its transpose is an in-place scatter into the gradient,
-            # much cheaper on XLA:CPU than a [B, K] compare with the labels.
+            # A gather: its transpose is an in-place scatter, not a [B, K] compare.
             t_y = jnp.take_along_axis(t, labels[:, None], axis=-1)[:, 0]
             touts["ce"] = p_t - t_y
         if want_top:
             n_top = aux["n_top"].astype(x.dtype)
-            # e >= 1 is the top indicator (e <= 1); a select vectorises better
-            # on XLA:CPU than the product floor(e) * t.
+            # e >= 1 is the top indicator (e <= 1).
             top = jnp.where(e >= 1.0, t, jnp.zeros_like(t))
             top_t = jnp.sum(top, axis=-1) / n_top
             dc = aux["c"] * (top_t - p_t)
@@ -218,8 +188,7 @@ def row_parts(x, labels, *, has_labels, ce, conf, entropy, margin):
             touts["entropy"] = (log_z - aux["h"]) * p_t - ps_t
         if margin:
             e2, n_top = aux["e2"], aux["n_top"]
-            # Runner-up indicator: e2 is one of the entries of e, so == is exact
-            # (and, without a tie at the top, e2 < 1 excludes the maximum).
+            # Runner-up indicator: e2 is an entry of e, so == is exact.
             second = (e == e2[:, None]).astype(s.dtype)
             n_second = jnp.maximum(jnp.sum(second, axis=-1), 1.0)
             t2 = jnp.sum(second * t, axis=-1) / n_second
@@ -232,8 +201,8 @@ def row_parts(x, labels, *, has_labels, ce, conf, entropy, margin):
 
 @jax.custom_jvp
 def sum_and_top_count(v: jax.Array, e: jax.Array):
-    """``(sum_k v_k, #{k: e_k == 1})`` per row (``e = exp(s)``, ``s <= 0``) from
-    one variadic reduction; the sum stays differentiable."""
+    """``(sum_k v_k, #{k: e_k == 1})`` per row (``e = exp(s)``, ``s <= 0``); the
+    sum stays differentiable."""
     return row_reduce((v, (e >= 1.0).astype(jnp.int32)), (0, 0), (lax.add, lax.add))
 
 
@@ -246,9 +215,8 @@ def _sum_and_top_count_jvp(primals, tangents):
 
 @jax.custom_jvp
 def sum_top_count_first(v: jax.Array, e: jax.Array, s: jax.Array):
-    """:func:`sum_and_top_count` plus the first index with ``s == 0`` (the
-    first exact maximum, int32; ``K`` for a row without one), from the same
-    variadic reduction."""
+    """:func:`sum_and_top_count` plus the first index with ``s == 0`` (int32;
+    ``K`` for a row without one)."""
     k = s.shape[-1]
     cols = lax.broadcasted_iota(jnp.int32, s.shape, s.ndim - 1)
     return row_reduce(
@@ -271,9 +239,8 @@ def _sum_top_count_first_jvp(primals, tangents):
 
 @jax.custom_jvp
 def dual_parts(z, labels):
-    """Drop-in for ``_focal.dual_parts``: the rest maximum without a compare
-    with the label, one fused reduction for the sum and the arg-max, and a
-    custom JVP whose backward pass is one elementwise pass."""
+    """Drop-in for ``_focal.dual_parts``: one fused reduction for the sum and
+    the arg-max, and a custom JVP."""
     k = z.shape[1]
     z_true = _take_col(z, labels)
     z_rest_max = max_rest_logit(z, z_true)
@@ -348,17 +315,15 @@ def mbls_hinge(z, margin):
 
 @jax.custom_jvp
 def _acls_parts(z, margin):
-    """``(top, low, hinge, neg, first_max, first_min, count)``: three fused
-    passes and a custom JVP (``top``/``low`` move with the first
-    arg-max/arg-min)."""
+    """``(top, low, hinge, neg, first_max, first_min, count)`` and a custom JVP
+    (``top``/``low`` move with the first arg-max/arg-min)."""
     k = z.shape[1]
     top, low = row_reduce((z, z), (-jnp.inf, jnp.inf), (lax.max, lax.min))
     gap = top[:, None] - z - margin
     active = gap > 0
     cols = lax.broadcasted_iota(jnp.int32, z.shape, 1)
-    # One float sum per reduction (see row_reduce), grouped so that under
-    # value_and_grad every reduction keeps at least two used outputs (count
-    # only feeds the derivative of hinge, which a first-order gradient drops).
+    # One float sum per reduction, grouped so that under value_and_grad every
+    # reduction keeps two used outputs (count only feeds hinge's derivative).
     hinge, first_max, count = row_reduce(
         (
             jnp.where(active, gap, 0.0),
@@ -414,7 +379,7 @@ def _sortable(x: jax.Array) -> jax.Array:
 
 def tie_groups(x):
     """Drop-in for ``_aurc.tie_groups`` (family ``'sort_keys'``): the floats
-    sorted as integer keys, without a payload."""
+    sorted as integer keys."""
     key = _sortable(x)
     key_sorted = lax.sort(key)
     first = jnp.searchsorted(key_sorted, key, side="left", method="scan")

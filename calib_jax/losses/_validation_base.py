@@ -1,16 +1,5 @@
-"""Validation base of the losses: input preparation and hyperparameter checks.
-
-The generic checks (dtypes, ranks, shapes, masks, value checks, scalar
-checks) are those of :mod:`calib_jax._checks`, the library's one checking
-contract; this module adds what is the losses' own: the ``[B, K]`` upcast to
-at least float32 with int32 labels and a mask, the variant checks and the
-norm-order check. Everything here runs at trace time on static information
-(dtypes, shapes, concrete Python hyperparameters) and adds nothing to the
-compiled computation beyond the upcast and the mask; the value checks run only
-on concrete (eager) arrays. Each loss checks its own hyperparameters with the
-helpers below, so a hyperparameter's domain is written once, in the loss; the
-composition (``_compose``) finds it by evaluating the loss abstractly.
-"""
+"""The losses' input preparation and hyperparameter checks, on top of
+:mod:`calib_jax._checks`; value checks run only on concrete (eager) arrays."""
 
 from __future__ import annotations
 
@@ -28,31 +17,11 @@ check_unit_interval = _checks.check_unit_interval
 
 VARIANTS = ("paper", "released_code")
 
-# ---------------------------------------------------------------------------
-# Arrays.
-# ---------------------------------------------------------------------------
-
 
 def prepare(logits, labels, where=None):
-    """Checks and canonicalises ``(logits, labels, where)`` of a loss call.
-
-    Args:
-      logits: float ``[B, K]``; bf16/fp16 are upcast to float32.
-      labels: int ``[B]`` class ids in ``[0, K)``.
-      where: optional bool ``[B]``; ``False`` rows are excluded.
-
-    Returns:
-      ``(logits32, labels, mask)`` with ``logits32`` float32 (or float64 when
-      the input is float64) ``[B, K]``, ``labels`` int32 ``[B]`` and ``mask``
-      bool ``[B]`` (all True when ``where`` is None).
-
-    Raises:
-      TypeError: non-floating logits, non-integer labels or non-bool ``where``.
-      ValueError: wrong ranks, fewer than 2 classes or mismatched batch
-        sizes; for concrete
-        (non-traced) arrays also NaN/inf logits or labels out of range in an
-        included row (:func:`check_values`).
-    """
+    """Checks ``(logits, labels, where)``; returns ``logits`` upcast to at least
+    float32 ``[B, K]``, int32 ``labels`` and a bool ``mask`` ``[B]`` (NaN/inf
+    logits and out-of-range labels raise only for concrete arrays)."""
     logits, labels, where = _checks.check_scores_labels(
         logits, labels, where, name="logits", rows="B"
     )
@@ -65,16 +34,8 @@ def prepare(logits, labels, where=None):
 
 
 def check_values(logits, labels, mask) -> None:
-    """Host-side value checks of a loss call, only when the arrays are concrete.
-
-    Eager (host-facing) calls get a one-line ValueError for NaN/inf logits or
-    labels outside ``[0, K)`` in an included row, instead of a silent NaN or a
-    clipped gather. Under ``jax.jit`` or ``jax.grad`` the inputs are tracers
-    and nothing is checked: the jitted training step pays no host sync.
-
-    Raises:
-      ValueError: naming the first offending row and how many rows are bad.
-    """
+    """ValueError for NaN/inf logits or labels outside ``[0, K)`` in an included
+    row, only for concrete arrays (tracers under jit pass: no host sync)."""
     _checks.check_values(
         logits, labels, mask, name="logits", family="loss", allow_empty=True
     )
@@ -92,11 +53,6 @@ def check_logits(logits) -> jax.Array:
     logits = _checks.check_floating(logits, "logits")
     _checks.check_rank(logits, "logits", "[B, K]")
     return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
-
-
-# ---------------------------------------------------------------------------
-# Scalar hyperparameters (concrete values are checked; tracers pass).
-# ---------------------------------------------------------------------------
 
 
 def check_open_unit_interval(name: str, value) -> None:

@@ -41,8 +41,8 @@ def apply_one_vs_rest(params, logits):
 
 
 def check_params(params, *, values: bool = True) -> int:
-    """Isotonic parameters (either variant): knots ``x [K, M]`` ascending
-    and ``y [K, M]`` non-decreasing in [0, 1], ``M >= 2``; returns K."""
+    """Knots ``x [K, M]`` ascending, ``y [K, M]`` non-decreasing in [0, 1],
+    ``M >= 2``; returns K."""
     arrays = _base.param_arrays(params, {"x": 2, "y": 2})
     k = _base.same_classes(arrays, {"x": (0,), "y": (0,)})
     x, y = arrays["x"], arrays["y"]
@@ -65,9 +65,8 @@ def apply_isotonic(
     The map of class :math:`l` interpolates linearly between its knots
     :math:`(x_{l,i}, y_{l,i})` and is constant beyond the first and last knot
     (scikit-learn's ``IsotonicRegression(out_of_bounds='clip')``).
-    ``variant`` decides the scores and how the per-class probabilities make a
-    row (see :mod:`calib_jax.posthoc._reduction`). Pure and jittable. Not
-    accuracy-preserving in general.
+    ``variant`` decides the reduction (``docs/posthoc.md``). Pure and
+    jittable. Not accuracy-preserving in general.
 
     Args:
       params: ``{'x': float32 [K, L], 'y': float32 [K, L]}`` from
@@ -106,7 +105,7 @@ def fit_isotonic(
     r"""Fits isotonic-regression calibration by exact pool-adjacent-violators.
 
     For each class :math:`l` (the predicted class for ``'top_label'``, every
-    class for ``'one_vs_rest'``; see :mod:`calib_jax.posthoc._reduction`),
+    class for ``'one_vs_rest'``; reductions: ``docs/posthoc.md``),
     with scores :math:`v_i` (top-label confidences, or :math:`p_{il}`) and
     binary targets :math:`o_i` (prediction correct, or :math:`1[y_i = l]`),
     the fitted values solve
@@ -126,13 +125,8 @@ def fit_isotonic(
     A class with no rows (never predicted, for ``'top_label'``) gets the
     identity map.
 
-    **Host function**: the fit runs on the host (the number of knots depends
-    on the data, so it has no static shape): the scores are computed by JAX,
-    then each class's (score, target) pairs are sorted as packed uint32 keys
-    with NumPy, ties pooled, and the pooled points passed to SciPy's compiled
-    PAV (``scipy.optimize.isotonic_regression``). Not jittable; the returned
-    map (:func:`apply_isotonic`) is. Targets are 0/1, so the pooled sums are
-    exact integers.
+    **Host function** (the number of knots depends on the data): not
+    jittable; the returned map (:func:`apply_isotonic`) is.
 
     Args:
       logits: float ``[N, K]``.
@@ -151,8 +145,7 @@ def fit_isotonic(
 
     References:
       [1] B. Zadrozny, C. Elkan, "Transforming Classifier Scores into Accurate
-      Multiclass Probability Estimates", KDD 2002, Sec. 3 (isotonic
-      regression for calibration, one-vs-rest).
+      Multiclass Probability Estimates", KDD 2002, Sec. 3.
       [2] R. E. Barlow, D. J. Bartholomew, J. M. Bremner, H. D. Brunk,
       "Statistical Inference under Order Restrictions", Wiley 1972 (the
       pool-adjacent-violators algorithm).
@@ -187,9 +180,8 @@ def fit_isotonic(
         _validate.raise_for_values(summary, logits.shape)
         cls, keys, counts = np.asarray(cls), np.array(keys), np.asarray(counts)
         if on_host:
-            # Group the rows by class (a radix sort of small ints), then sort
-            # each class's keys in place: NumPy's sort is much faster than
-            # XLA:CPU's.
+            # Group the rows by class, then sort each class's keys in place
+            # (NumPy's sort is faster than XLA:CPU's).
             small = np.uint8 if k < 256 else np.uint16 if k < 65536 else np.int32
             keys = keys[np.argsort(cls.astype(small), kind="stable")]
         ends = np.cumsum(counts)
@@ -224,8 +216,8 @@ _EXCLUDED = np.uint32(0xFFFFFFFF)
 
 
 def _pack(v, target):
-    """uint32 keys ``bits(v) << 1 | target``: their order is by score, then
-    target. Scores lie in [0, 1], so their bits are below 2**30."""
+    """uint32 keys ``bits(v) << 1 | target``, ordered by score, then target
+    (scores in [0, 1] have bits below 2**30)."""
     return (_reduction.float_bits(v) << 1) | target.astype(jnp.uint32)
 
 
@@ -259,14 +251,9 @@ def _one_vs_rest_keys(p, labels, where, *, sort):
 def _knots(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Knots ``(x, y)`` of the isotonic fit of sorted packed keys.
 
-    The least-squares isotonic fit gives equal values to adjacent points with
-    equal targets (and, after pooling ties, to adjacent tie groups with equal
-    means), so the PAV input can be the runs of equal targets in score order,
-    except that a tie group holding both targets (its 0s sort before its 1s)
-    must be one block of its own: the run boundary inside it is replaced by
-    boundaries at its two ends. Pooling only equal-valued neighbours keeps the
-    solution exact; it makes the PAV input (and the work here) the number of
-    runs instead of the number of points.
+    Exact with the runs of equal targets as PAV input (the fit gives adjacent
+    equal targets equal values), except that a tie group holding both targets
+    is one block of its own.
     """
     from scipy.optimize import isotonic_regression
 

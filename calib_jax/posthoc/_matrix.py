@@ -12,22 +12,14 @@ from calib_jax.posthoc import _core, _validate
 
 KINDS = ("vector", "matrix")
 # Copies of the parameters an L-BFGS fit holds at once: its 10-pair history
-# (20) plus gradients, search directions and line-search points (XLA asked
-# for 30 at K = 50,000 in one allocation).
+# (20) plus gradients, search directions and line-search points.
 LBFGS_COPIES = 30
 
 
 def check_square_fit(k: int, dtype, what: str) -> None:
-    """Raises a one-line ``ValueError`` when an L-BFGS fit of a ``[K, K]``
-    matrix and a ``[K]`` bias (matrix scaling, Dirichlet) cannot fit in the
-    default device's memory (see :mod:`calib_jax._memory`).
-
-    Args:
-      k: the number of classes (a Python int: ``K * K`` is exact).
-      dtype: the dtype of the fit (its parameters' item size).
-      what: how the message names the fit (``"fit_matrix_scaling"``,
-        ``"--method dirichlet"``).
-    """
+    """One-line ``ValueError`` when an L-BFGS fit of a ``[K, K]`` matrix and a
+    ``[K]`` bias cannot fit in the default device's memory; ``what`` names
+    the fit in the message."""
     k = int(k)
     size = k * k + k
     itemsize = jnp.promote_types(dtype, jnp.float32).itemsize

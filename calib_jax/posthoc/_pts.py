@@ -52,10 +52,8 @@ def apply_pts(params, logits: jax.typing.ArrayLike) -> jax.Array:
         \text{(Eq. (14) of [2])},
 
     :math:`z_s` the top-:math:`k` logits sorted in decreasing order and
-    :math:`h_\theta` a small ReLU MLP with one output. Positivity follows [1]
-    (absolute value of the output), floored at :data:`MIN_TEMPERATURE` =
-    0.01. Each row is divided by a positive scalar, so the argmax is
-    unchanged.
+    :math:`h_\theta` a small ReLU MLP with one output, made positive by its
+    absolute value as in [1] and floored at 0.01.
 
     Args:
       params: MLP parameters from :func:`fit_pts`, a list of ``(W, b)``.
@@ -78,8 +76,7 @@ def apply_pts(params, logits: jax.typing.ArrayLike) -> jax.Array:
       >>> bool((apply_pts(params, z).argmax(1) == z.argmax(1)).all())
       True
     """
-    logits = _core.upcast(logits)
-    return logits / sample_temperatures(params, logits)[:, None]
+    return apply_pts_params(params, _core.upcast(logits))
 
 
 def fit_pts(
@@ -113,8 +110,7 @@ def fit_pts(
     experiments) or the squared error to the one-hot label (``'brier'``, the
     MSE loss of [1]). [1] trains with mini-batches of 1000, learning rate
     5e-5 and 1e5 steps; full-batch Adam at 1e-2 for 1000 steps is this
-    library's default. The ``'nll'`` loss uses the fused row-blocked pass of
-    temperature scaling with per-row temperatures.
+    library's default.
 
     Args:
       logits: float ``[N, K]``.
@@ -257,9 +253,8 @@ def apply_pts_params(params, logits):
 
 
 def check_pts_params(params, *, values: bool = True) -> None:
-    """PTS parameters: a list of ``(w [d_in, d_out], b [d_out])`` layers that
-    chain (``d_out`` of one is ``d_in`` of the next, 1 at the end), finite.
-    Any K of at least the first ``d_in`` (the top-k inputs)."""
+    """PTS parameters: finite ``(w [d_in, d_out], b [d_out])`` layers that
+    chain into one output (any K >= the first ``d_in``)."""
     if not isinstance(params, (list, tuple)) or not params:
         got = "an empty list" if isinstance(params, (list, tuple)) else "a "
         got += "" if isinstance(params, (list, tuple)) else type(params).__name__

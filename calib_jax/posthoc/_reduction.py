@@ -1,47 +1,6 @@
-r"""Multiclass-to-binary reductions shared by histogram binning and isotonic
-regression, and exact per-group order statistics (sort and cut).
-
-A *binary* calibrator maps a score :math:`v \in [0, 1]` to a probability.
-Two reductions turn one binary map per class into a multiclass calibrator
-(Gupta & Ramdas 2022, Sec. 2 and 4):
-
-``'top_label'``
-  For each class :math:`l`, one binary map :math:`f_l` is fitted on the
-  validation rows *predicted* as :math:`l` (first arg-max of the logits), with
-  score the top-label confidence :math:`c = \max_k p_k` and target
-  :math:`1[y = l]` (the prediction is correct). At test time the confidence
-  of the predicted class :math:`l` becomes :math:`c' = f_l(c)` and the other
-  classes share the remaining mass :math:`1 - c'` in proportion to their
-  uncalibrated probabilities,
-
-  .. math::
-
-      p'_l = c', \qquad p'_k = (1 - c')\,\frac{p_k}{1 - c} \quad (k \ne l),
-
-  so every row stays on the simplex. The calibrated confidence of the
-  predicted class is what top-label calibration is about; the argmax of
-  :math:`p'` is the original prediction whenever :math:`c' \ge (1 - c')
-  \max_{k \ne l} p_k / (1 - c)`, and may move otherwise (e.g. when
-  :math:`c' < 1/K`). A class never predicted on the validation set keeps its
-  uncalibrated confidence.
-``'one_vs_rest'``
-  For each class :math:`k`, one binary map :math:`f_k` is fitted on all
-  rows, with score :math:`p_k` and target :math:`1[y = k]` (Zadrozny &
-  Elkan 2002). At test time :math:`q_k = f_k(p_k)` and the row is
-  normalised, :math:`p'_k = q_k / \sum_j q_j` (uniform if every :math:`q_k`
-  is 0).
-
-Calibrators built on these return log-probabilities :math:`\log p'` (valid
-calibrated logits: ``softmax`` gives :math:`p'` back). A zero probability
-gives :math:`-\infty`, as the map intends.
-
-References:
-  [1] C. Gupta, A. Ramdas, "Top-label calibration and multiclass-to-binary
-  reductions", ICLR 2022, arXiv:2107.08353v3, Sec. 2 (top-label
-  calibration), Sec. 4 (the reductions, Algorithms 2-3).
-  [2] B. Zadrozny, C. Elkan, "Transforming Classifier Scores into Accurate
-  Multiclass Probability Estimates", KDD 2002 (one-vs-rest reduction and
-  normalisation).
+r"""The top-label and one-vs-rest multiclass-to-binary reductions (Gupta &
+Ramdas 2022, arXiv:2107.08353v3, Sec. 4) of histogram binning and isotonic
+regression, and exact per-group order statistics. Conventions: ``docs/posthoc.md``.
 """
 
 from __future__ import annotations
@@ -58,9 +17,8 @@ from calib_jax.posthoc import _cpu_kernels, _validate
 VARIANTS = ("top_label", "one_vs_rest")
 
 
-# The scores are computed by these two jitted functions, both when fitting and
-# when applying a map, so that equal logits of the same shape give bit-equal
-# scores in both (an enclosing jit may fuse and round them differently).
+# Fitting and applying a map both compute the scores with these jitted
+# functions, so equal logits give bit-equal scores (an enclosing jit may fuse).
 
 
 @jax.jit
@@ -72,9 +30,8 @@ def probabilities(logits: jax.Array) -> jax.Array:
 
 @jax.jit
 def top_label(logits: jax.Array):
-    """``(pred [N], conf [N])``: the first arg-max (the library's correctness
-    rule) and the top-label confidence :math:`1 / \\sum_k e^{z_k - \\max z}`,
-    without the ``[N, K]`` probabilities."""
+    """``(pred [N], conf [N])``: the first arg-max and the top-label
+    confidence :math:`1 / \\sum_k e^{z_k - \\max z}`."""
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     m = jnp.max(logits, axis=-1, keepdims=True)
     pred = jnp.argmax(logits, axis=-1).astype(jnp.int32)
@@ -83,32 +40,19 @@ def top_label(logits: jax.Array):
 
 @jax.jit
 def checked_top_label(logits: jax.Array, labels: jax.Array, where):
-    """``(top_label(logits), value_summary)``: a fitter's scores and its input
-    check from one read of the logits (the scores bit-equal to
-    :func:`top_label`'s, which applying a map computes)."""
+    """``(top_label(logits), value_summary)`` from one read of the logits."""
     return top_label(logits), _validate.value_summary(logits, labels, where)
 
 
 @jax.jit
 def checked_probabilities(logits: jax.Array, labels: jax.Array, where):
-    """``(probabilities(logits), value_summary)`` from one read of the
-    logits (the probabilities bit-equal to :func:`probabilities`'s)."""
+    """``(probabilities(logits), value_summary)`` from one read of the logits."""
     return probabilities(logits), _validate.value_summary(logits, labels, where)
 
 
 def top_label_output(logp: jax.Array, pred: jax.Array, conf: jax.Array):
-    """Log-probabilities with the predicted class's confidence set to ``conf``.
-
-    Args:
-      logp: float ``[N, K]`` uncalibrated log-probabilities.
-      pred: int ``[N]`` predicted classes.
-      conf: float ``[N]`` calibrated confidences in ``[0, 1]``.
-
-    Returns:
-      float ``[N, K]``: ``log conf`` at ``pred``; elsewhere the remaining mass
-      ``1 - conf`` split in proportion to the uncalibrated probabilities
-      (evenly if they are all 0 in floating point).
-    """
+    """``logp [N, K]`` with ``log conf [N]`` at ``pred [N]``; the other classes
+    share ``1 - conf`` in proportion to their probabilities (evenly if all 0)."""
     k = logp.shape[-1]
     hit = jnp.arange(k, dtype=jnp.int32)[None, :] == pred[:, None]
     rest = jax.nn.logsumexp(jnp.where(hit, -jnp.inf, logp), axis=-1)  # log(1 - c)
@@ -130,21 +74,16 @@ def one_vs_rest_output(q: jax.Array) -> jax.Array:
 
 
 def apply_top_label(binary_map, params, logits: jax.Array) -> jax.Array:
-    """Top-label calibrated log-probabilities from a per-class ``binary_map``.
-
-    ``binary_map(params, scores, classes)`` maps each row's top-label
-    confidence (with its predicted class) to a calibrated one, which
-    :func:`top_label_output` puts back on the simplex.
-    """
+    """Top-label log-probabilities; ``binary_map(params, conf, pred)`` gives
+    each row's calibrated confidence."""
     pred, conf = top_label(logits)
     logp = jax.nn.log_softmax(logits, axis=-1)
     return top_label_output(logp, pred, binary_map(params, conf, pred))
 
 
 def apply_one_vs_rest(binary_map, params, logits: jax.Array) -> jax.Array:
-    """One-vs-rest calibrated log-probabilities from a per-class ``binary_map``
-    applied to every class's probability, renormalised by
-    :func:`one_vs_rest_output`."""
+    """One-vs-rest log-probabilities: ``binary_map`` of every class's
+    probability, renormalised."""
     n, k = logits.shape
     p = probabilities(logits)
     cls = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32)[None, :], (n, k))
@@ -155,10 +94,7 @@ def apply_one_vs_rest(binary_map, params, logits: jax.Array) -> jax.Array:
 def grouped_cut(v, group, *, num_groups: int, ranks, top_label_of: int = 0):
     """The ``ranks(n)[g, r]``-th smallest scores ``v`` of each group ``g``.
 
-    One sort of the (group, score) pairs puts each group's scores in a
-    contiguous ascending run; the order statistics are read at the run's
-    start plus the ranks, and the number of the group's rows up to each from
-    the end of its run of equal scores. Exact for any scores, ties included.
+    One sort of the (group, score) pairs; exact for any scores, ties included.
 
     Args:
       v: float ``[M]`` scores in ``[0, 1]``.
@@ -201,14 +137,9 @@ def cut_ranks(sizes: jax.Array, *, num_bins: int, midpoint: bool) -> jax.Array:
 
 
 def equal_mass_ranks(sizes: jax.Array, num_bins: int) -> jax.Array:
-    r"""Ranks of the ``M - 1`` equal-mass thresholds of each group, ``[G, M-1]``.
-
-    Group :math:`j` of :math:`n` sorted values starts at rank :math:`R_j`
-    (the first :math:`n \bmod M` groups hold one value more, as
-    :func:`calib_jax.metrics.adaptive_ece`'s ``'rank'`` rule); the threshold
-    between groups :math:`j - 1` and :math:`j` is the value of rank
-    :math:`R_j - 1`.
-    """
+    r"""Ranks ``[G, M-1]`` of the last value of each of the first ``M - 1``
+    equal-mass groups of a sorted group (the first :math:`n \bmod M` one
+    longer, as :func:`calib_jax.metrics.adaptive_ece`'s ``'rank'`` rule)."""
     n = sizes.astype(jnp.int32)[:, None]
     q, rem = n // num_bins, n % num_bins
     j = jnp.arange(1, num_bins, dtype=jnp.int32)[None, :]
@@ -221,23 +152,11 @@ def float_bits(x: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(x.astype(jnp.float32) + 0.0, jnp.uint32)
 
 
-def bits_float(b: jax.Array) -> jax.Array:
-    """Inverse of :func:`float_bits`."""
-    return lax.bitcast_convert_type(b, jnp.float32)
-
-
 def segmented_searchsorted(
     table: jax.Array, row: jax.Array, v: jax.Array, *, side: str = "right"
 ) -> jax.Array:
-    """``searchsorted(table[row[i]], v[i], side)`` for every ``i``.
-
-    A vectorised binary search (``ceil(log2(L + 1))`` gathers) over the
-    sorted rows of ``table`` ``[G, L]``; no ``[M, L]`` intermediate.
-    ``side='right'`` counts the entries ``<= v``, ``'left'`` those ``< v``.
-
-    Returns:
-      int32, the shape of ``v``, in ``[0, L]``.
-    """
+    """int32 ``searchsorted(table[row[i]], v[i], side)`` for every ``i``, in
+    ``[0, L]``: a binary search over the sorted rows of ``table [G, L]``."""
     length = table.shape[1]
     flat = table.reshape(-1)
     base = row.astype(jnp.int32) * length

@@ -1,8 +1,5 @@
-"""L-BFGS on an objective whose every evaluation is a pass over chunks:
-:func:`minimize` replays :func:`calib_jax.posthoc._core.lbfgs_minimize` (the
-in-memory fits' optimizer, compiled once) over a table of the evaluations made
-so far (see :func:`_replay`).
-"""
+"""L-BFGS on an objective whose every evaluation is a pass over chunks: the
+in-memory fits' optimizer replayed over a table of the evaluations made so far."""
 
 from __future__ import annotations
 
@@ -29,16 +26,10 @@ def _record_miss(token, u):
 
 @jax.jit
 def _replay(points, values, slopes, filled, u0, tol, max_iter, token):
-    """:func:`_core.lbfgs_minimize` from ``u0`` on a table of evaluations.
-
-    The objective is looked up in the first ``filled`` entries of
-    ``(points, values, slopes)`` (value and derivative at ``u = log T``,
-    matched bit for bit). A point the table lacks is reported to the host
-    (:func:`_record_miss`) and gives NaN, which ends the run. The run is
-    deterministic, so once the host has added that point, the next run
-    repeats every step up to it and goes on: the last run, with no miss, is
-    the L-BFGS of the in-memory fit on the objective the passes computed.
-    """
+    """:func:`_core.lbfgs_minimize` from ``u0`` on the first ``filled``
+    evaluations ``(points, values, slopes)``, matched bit for bit. A missing
+    point is reported to the host and gives NaN, ending the run; the run is
+    deterministic, so the next one repeats every step up to it."""
 
     def look(u):
         hit = (points == u) & (jnp.arange(points.shape[0]) < filled)
@@ -72,19 +63,13 @@ def _replay(points, values, slopes, filled, u0, tol, max_iter, token):
 
 
 def minimize(evaluate, u0, *, max_iter, tol):
-    """L-BFGS (the in-memory fit's) of ``evaluate: u -> (value, d/du)``, whose
-    every call is a pass over the chunks, from ``u0``; returns ``u``.
-
-    Runs :func:`_replay` until it asks for no new point: one pass per
-    distinct point the optimizer evaluates, one cheap compiled run (scalar
-    work) per pass.
-    """
+    """L-BFGS of ``evaluate: u -> (value, d/du)`` from ``u0``: runs
+    :func:`_replay` until it misses no point; returns ``u``."""
     token = next(_TOKENS)
     misses = _MISSES[token] = []
     size = _TABLE_SIZE
     table = np.zeros((3, size), np.float32)
-    # The first point the optimizer asks for is u0: evaluated before any run
-    # (the first pass of a fit checks the values before anything compiles).
+    # u0 is evaluated first: that pass checks the values before any compile.
     u0 = jnp.asarray(u0, jnp.float32)
     table[:, 0] = u0, *jax.device_get(evaluate(u0))
     filled = 1

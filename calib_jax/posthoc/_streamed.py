@@ -1,51 +1,6 @@
-r"""Temperature scaling fitted over a sequence of chunks: :func:`fit_of_chunks`.
-
-:func:`calib_jax.posthoc.fit` needs the whole ``[N, K]`` array of validation
-logits; here it arrives a chunk at a time (:mod:`calib_jax.chunks`: an
-iterable of arrays, or ``.npz``/``.npy`` shards, local or ``gs://``), and
-memory stays bounded by one chunk.
-
-Both objectives of temperature scaling fitted here are sums over rows, or
-functions of per-bin sums over rows, so their value *and* their derivative in
-:math:`u = \log T` at one :math:`u` come from one pass over the chunks: one
-jitted step per chunk (compiled once: every chunk has the rows of the first,
-the last one padded and masked) adds the chunk's share on the device, by
-forward-mode differentiation in :math:`u` (:func:`jax.jvp`), and the host
-fetches two scalars per pass.
-
-- NLL (Guo et al. 2017): :math:`\sum_n \log S_n(e^{-u}) + e^{-u}(m_n -
-  z_{ny_n})` (``_temperature.nll_of_log_t``) and its derivative, divided by
-  :math:`N` at the end of the pass.
-- SB-ECE (Karandikar et al. 2021, Eqs. (8)-(12)): the soft-binned ECE is a
-  function of per-bin soft sums. Per bin :math:`j` a pass gathers the mass
-  :math:`S_j = \sum_i u_{ij}`, :math:`\sum_i u_{ij}(1 - a_i)` (the bin
-  accuracy :math:`A_j`, Eq. (10)), :math:`\sum_i u_{ij}(a_i - c_i)` (the
-  gap of Eq. (11), ``sb_kind='bin'``) and the weighted mean and centred
-  second moment of the confidences, merged across chunks by the pairwise
-  update of Chan, Golub and LeVeque (1979). With :math:`p = 2` the
-  ``'lb'`` sum of Eq. (12) is then :math:`\sum_j M_{2,j} + S_j (A_j -
-  \bar c_j)^2`, without the cancellation of expanding the square. For
-  ``'lb'`` with another :math:`p`, :math:`|A_j - c_i|^p` needs the bin
-  accuracies first: an evaluation is then two passes (the first gives
-  :math:`A_j` and :math:`dA_j/du`).
-
-The optimizer is the in-memory fit's own: :func:`calib_jax.posthoc._core.lbfgs_minimize`
-(``optax.lbfgs`` with its zoom line search, the same stopping rule),
-compiled once and *replayed* (:mod:`._replay`): it runs on a table of the
-evaluations made so far, reports the first point the table lacks, the host
-evaluates it by a pass and runs it again. The runs are deterministic, so
-each repeats the previous one's steps and goes one evaluation further; the
-last one, which lacks nothing, is the in-memory L-BFGS on the objective the
-passes computed (one pass per distinct point, and a compiled run of scalar
-work per pass). Its iterates are those of the in-memory fit up to the
-float32 rounding of the sums, which are added in another order: the fitted
-temperature equals :func:`calib_jax.posthoc.fit`'s within 1e-5 relative (in
-the tests, from bf16 and float32 logits, for the NLL and for SB-ECE with
-``p = 2`` or ``sb_kind='bin'``). SB-ECE ``'lb'`` with ``p = 1`` can be flat
-at its minimum to float32 resolution (1e-7 relative over 1e-4 in :math:`T`):
-both fits then reach the same objective value at temperatures that agree
-only as far as that resolution allows.
-"""
+"""Temperature scaling fitted over chunks (:func:`fit_of_chunks`): one pass over
+them per evaluation of the objective, the in-memory L-BFGS replayed over these
+evaluations (:mod:`._replay`). Design and exactness: ``docs/streaming.md``."""
 
 from __future__ import annotations
 
@@ -64,20 +19,9 @@ from calib_jax.posthoc import _temperature_fit, _validate
 STREAMED = ("ts", "ts:nll", "ts:sb_ece")
 
 
-# ---------------------------------------------------------------------------
-# Passes over the chunks
-# ---------------------------------------------------------------------------
-
-
 class _Passes:
-    """Passes over a chunk source; the first one also checks the values.
-
-    Each pass carries its sums on the device (one jitted step per chunk) and
-    fetches nothing until it ends. The first pass also runs
-    :func:`_chunk_steps.chunk_checks` per chunk and raises, once it has read every
-    chunk, the one-line ValueError naming the first row (shard, row, chunk)
-    with NaN/inf logits, before the fit returns anything.
-    """
+    """Passes over a chunk source, sums kept on the device; the first pass
+    also checks the values and raises for the first row with NaN/inf logits."""
 
     def __init__(self, source: chunks.ChunkSource, *, desc: str, bar):
         self.source = source
@@ -112,9 +56,7 @@ class _Passes:
                         )
                     )
                 previous, carry = carry, step(carry, x, labels, valid)
-                # One step in flight while the host reads the next chunk: its
-                # temporaries (a few [rows, K] float32 arrays) and two chunks
-                # are the memory bound.
+                # One step in flight while the host reads the next chunk.
                 jax.block_until_ready(previous)
                 bar.update(1)
         if checks is not None:
@@ -185,11 +127,6 @@ def _sb_ece_objective(passes, *, num_bins, sb_temperature, p, kind):
     return evaluate
 
 
-# ---------------------------------------------------------------------------
-# The public entry point
-# ---------------------------------------------------------------------------
-
-
 def _check_reiterable(source) -> None:
     items = source._items if isinstance(source, chunks.ChunkSource) else source
     if isinstance(items, Iterator):
@@ -218,9 +155,9 @@ def fit_of_chunks(
     The :class:`~calib_jax.posthoc.Calibrator` that
     ``posthoc.fit(name, logits, labels)`` returns for the concatenation of
     every chunk (same name, parameters, ``apply`` and ``save``), with memory
-    bounded by one chunk of ``chunk_rows`` rows. Each value and derivative
-    of the objective that the optimizer asks for is one pass over the chunks
-    (two for ``'lb'`` SB-ECE with ``p != 2``); see the module docstring.
+    bounded by one chunk of ``chunk_rows`` rows. Each evaluation of the
+    objective is one pass over the chunks (two for ``'lb'`` SB-ECE with
+    ``p != 2``); design: ``docs/streaming.md``.
 
     ``'ts'``/``'ts:nll'`` (Guo et al. 2017, Sec. 4.2 of [1]):
       :math:`\min_T \frac{1}{N}\sum_n -\log\mathrm{softmax}(z_n/T)_{y_n}` by
@@ -233,19 +170,15 @@ def fit_of_chunks(
       the same L-BFGS, started from the NLL temperature, as the in-memory fit.
 
     The temperature equals the in-memory fit's to float32 rounding (the sums
-    are added in another order): within 1e-5 relative in the tests, from
-    bf16 and float32 logits (SB-ECE ``'lb'`` with ``p = 1``: the same
-    objective value; see the module docstring).
+    are added in another order).
 
     Args:
       name: ``'ts'``, ``'ts:nll'`` or ``'ts:sb_ece'`` (other calibrators are
         fitted in memory by :func:`calib_jax.posthoc.fit`).
-      source: a :class:`calib_jax.chunks.ChunkSource`; or what it takes: a
-        list (any re-iterable) of ``(logits [n, K], labels [n])`` pairs, a
-        glob string or a list of ``.npz``/``.npy`` shard paths, local or
-        ``gs://`` (layout in :mod:`calib_jax.chunks`). Logits may be bf16,
-        fp16 or float32. An iterator is refused: the fit reads the chunks
-        several times.
+      source: a :class:`calib_jax.chunks.ChunkSource` or what it takes: a
+        re-iterable of ``(logits [n, K], labels [n])`` pairs, a glob string
+        or a list of ``.npz``/``.npy`` shard paths, local or ``gs://``.
+        Logits may be bf16, fp16 or float32. Iterators are refused.
       chunk_rows: rows per chunk (a given ``ChunkSource`` keeps its own).
       progress_bar: a bar over the passes and, under it, one over the chunks
         of each pass (on stderr).
@@ -262,15 +195,12 @@ def fit_of_chunks(
 
     Raises:
       ValueError: a name other than those above, a bad option, an iterator
-        source, and (one line naming the shard or item, the row and what was
-        expected, before any result) a glob that matches nothing, shards
-        whose classes or dtypes disagree, labels outside ``[0, K)``, NaN/inf
-        logits, ``K < 2``.
+        source, and (one line naming the shard, row and expectation) a glob
+        that matches nothing, shards whose classes or dtypes disagree, labels
+        outside ``[0, K)``, NaN/inf logits, ``K < 2``.
 
     Warns:
-      SuspiciousFitWarning: one line when the validation accuracy is below
-        chance (1/K), the first rows look like probabilities, or :math:`T`
-        lies outside [0.05, 20] (as :func:`~calib_jax.posthoc.fit`).
+      SuspiciousFitWarning: as :func:`~calib_jax.posthoc.fit`.
 
     References:
       [1] C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, "On Calibration of
@@ -339,8 +269,7 @@ def fit_of_chunks(
 
 
 def _warn_if_suspicious(name, passes: _Passes, t) -> None:
-    """The :class:`SuspiciousFitWarning` of :func:`posthoc.fit`, from the
-    first pass's accuracy and simplex flag."""
+    """The :class:`SuspiciousFitWarning` of :func:`posthoc.fit`."""
     message = _validate.suspicious_fit_message(
         np.empty((0, passes.num_classes)),
         None,

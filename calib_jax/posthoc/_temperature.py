@@ -1,22 +1,6 @@
-r"""Temperature scaling (Guo et al. 2017) in :math:`u = \log T`: the map, the
-row sums of its softmax, and the NLL and SB-ECE objectives of :math:`u`.
-
-Every objective of temperature scaling sees the logits only through, per row
-:math:`n` and inverse temperature :math:`s = 1/T = e^{-u}`,
-
-.. math::
-
-    S_n(s) = \sum_k e^{s (z_{nk} - m_n)}, \qquad m_n = \max_k z_{nk}:
-
-the NLL is :math:`\sum_n \omega_n (\log S_n(s) + s (m_n - z_{ny_n}))`, the
-top-label confidence :math:`c_n = 1 / S_n(s)` and the correctness
-(:math:`z_{ny_n} = m_n`) does not depend on :math:`T`. The functions below are
-the plain forms (one pass over ``[N, K]``, JAX autodiff in :math:`u`);
-kernel family ``'posthoc_temperature'`` of :mod:`calib_jax.kernels` swaps in
-their CPU drop-ins (``_cpu_kernels.py``: row blocks, fused derivatives).
-Float64 references in ``tests/_reference_posthoc.py``. :func:`fit_temperature`
-(``_temperature_fit.py``) fits :math:`T` by any of :data:`OBJECTIVES`.
-"""
+r"""Temperature scaling (Guo et al. 2017) in :math:`u = \log T`: the map, the row
+sums :math:`S_n(s) = \sum_k e^{s (z_{nk} - m_n)}` of its softmax at :math:`s =
+e^{-u}`, and the NLL and SB-ECE objectives of :math:`u` (CPU drop-ins: kernels)."""
 
 from __future__ import annotations
 
@@ -79,13 +63,9 @@ def exp_sums(z: jax.Array, m: jax.Array, s: jax.Array) -> jax.Array:
 @kernels.dispatch("posthoc_temperature", _cpu_kernels.nll_of_log_t)
 def nll_of_log_t(u, z, m, a, w):
     r"""Weighted NLL :math:`\sum_n w_n(\log S_n(e^{-u}) + e^{-u} a_n)` of
-    :math:`z / e^u`.
-
-    ``u`` is a scalar :math:`\log T` or per row ``[N]`` (PTS); ``z`` ``[N, K]``
-    logits, ``m`` ``[N]`` their row maxima, ``a = m - z_y`` ``[N]`` and
-    weights ``w`` ``[N]`` are constants of the fit (callers stop their
-    gradients; the CPU drop-in differentiates in ``u`` only).
-    """
+    :math:`z / e^u`; ``u`` scalar or ``[N]`` (PTS). ``z [N, K]``, row maxima
+    ``m``, ``a = m - z_y`` and ``w`` are constants (callers stop their
+    gradients; the CPU drop-in differentiates in ``u`` only)."""
     s = jnp.exp(-u)
     return jnp.sum(w * (jnp.log(exp_sums.plain(z, m, s)) + s * a))
 
@@ -99,16 +79,8 @@ def top_confidence_of_log_t(u, z, m):
 
 
 def nll_objective(logits, labels, weights):
-    """``u -> sum_n w_n NLL_n(z / exp(u))``, differentiable in ``u``.
-
-    Args:
-      logits: float ``[N, K]`` (excluded rows zeroed).
-      labels: int ``[N]``.
-      weights: float ``[N]`` non-negative, summing to 1.
-
-    Returns:
-      A scalar function of :math:`u = \\log T` (scalar or ``[N]``).
-    """
+    """``u -> sum_n w_n NLL_n(z / exp(u))`` for ``u`` scalar or ``[N]``;
+    ``logits [N, K]`` with excluded rows zeroed, ``weights [N]`` summing to 1."""
     z = jax.lax.stop_gradient(logits)
     m = jnp.max(z, axis=-1)
     a = m - _core.pick(z, labels)
@@ -133,26 +105,9 @@ def fit_nll(logits, labels, where, tol, *, max_iter):
 
 
 def sb_ece_objective(logits, labels, where, *, num_bins, temperature, p, kind):
-    r"""``u -> SB-ECE of softmax(z / exp(u))``, differentiable in ``u``.
-
-    The value of :func:`calib_jax.losses.sb_ece` on the scaled logits without
-    their ``[N, K]`` softmax: SB-ECE sees them only through the top-label
-    confidences (:func:`top_confidence_of_log_t`) and the correctness (the
-    first arg-max index is the label, the library's rule); the soft binning
-    is ``O(N M)`` work on ``[N]`` vectors.
-
-    Args:
-      logits: float ``[N, K]`` (excluded rows zeroed).
-      labels: int ``[N]``.
-      where: optional bool ``[N]``; ``False`` rows are ignored.
-      num_bins: static number of bins :math:`M`.
-      temperature: soft-binning temperature.
-      p: norm order.
-      kind: static ``'lb'`` or ``'bin'``.
-
-    Returns:
-      A scalar function of :math:`u = \log T`.
-    """
+    r"""``u -> SB-ECE of softmax(z / exp(u))`` (:func:`calib_jax.losses.sb_ece`)
+    from the top-label confidences only; ``logits [N, K]`` with excluded rows
+    zeroed, ``num_bins`` and ``kind`` static."""
     z = jax.lax.stop_gradient(logits)
     m = jnp.max(z, axis=-1)
     correct = (jnp.argmax(z, axis=-1) == labels).astype(z.dtype)

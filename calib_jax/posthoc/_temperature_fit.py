@@ -1,12 +1,5 @@
-r"""Fitting the temperature of temperature scaling by one of four objectives:
-NLL, SB-ECE, HB-ECE search and the 0.1-step ECE grid.
-
-Temperatures reported by papers are not comparable across these rules: the
-focal-loss code lineage picks :math:`T` from a grid on hard 15-bin ECE
-(``'ece_grid'``), most others minimise the NLL (``'nll'``), and the
-soft-calibration paper minimises soft-binned ECE (``'sb_ece'``) or searches
-hard-binned ECE (``'hb_ece'``). All four are pure and jittable, and vmap over
-seeds/splits. The objectives in :math:`\log T` are in ``_temperature.py``.
+"""Fitting the temperature of temperature scaling by one of four objectives:
+NLL, SB-ECE, HB-ECE search and the 0.1-step ECE grid (:func:`fit_temperature`).
 """
 
 from __future__ import annotations
@@ -51,56 +44,34 @@ def fit_temperature(
 
     ``'nll'`` (Guo et al. 2017):
       :math:`\min_T \frac{1}{N}\sum_n -\log\mathrm{softmax}(z_n/T)_{y_n}`,
-      by ``optax.lbfgs`` on :math:`u = \log T` (from :math:`T = 1`) inside
-      ``lax.while_loop`` (stops at ``max_iter`` or when
-      :math:`|\partial/\partial u| \le` ``tol``). The NLL is convex in
-      :math:`1/T`; its value in :math:`u` is
-      :func:`~calib_jax.posthoc._temperature.nll_of_log_t`.
+      by L-BFGS on :math:`u = \log T` from :math:`T = 1` (stops at
+      ``max_iter`` or when :math:`|\partial/\partial u| \le` ``tol``). The
+      NLL is convex in :math:`1/T`.
     ``'sb_ece'`` (TS-SB-ECE, Sec. 5.2 and App. C of [2]):
       :math:`\min_T \mathrm{SB\text{-}ECE}_{\mathrm{lb},p}(M, T_{\mathrm{sb}})`
       of :math:`z/T` (Eq. (12) of [2]) by the same L-BFGS on :math:`\log T`,
-      started from the ``'nll'`` temperature. The objective is the value of
-      :func:`calib_jax.losses.sb_ece` on :math:`z/T`, from the top-label
-      confidences only
-      (:func:`~calib_jax.posthoc._temperature.sb_ece_objective`). (From
-      :math:`T = 1`, very over-confident logits have all confidences
-      saturated at 1 and a vanishing SB-ECE gradient; the NLL start avoids
-      that and usually halves the number of SB-ECE evaluations.)
-      Defaults: :math:`M` = ``num_bins`` = 15 (the paper's fixed M, App. G),
-      :math:`p = 2` (the :math:`\ell_2` ECE the paper reports),
-      soft-binning temperature :math:`T_{\mathrm{sb}}` = ``sb_temperature`` =
-      0.01 (tuned per setting in the paper, no value published) and
-      ``sb_kind='lb'`` (Eq. (12), the paper's training variant; ``'bin'`` is
-      Eq. (11)). SB-ECE is not convex in :math:`T`; L-BFGS returns the local
-      minimum reached from the NLL temperature.
+      started from the ``'nll'`` temperature (SB-ECE is not convex in
+      :math:`T`: the local minimum reached from there). Defaults: :math:`M` =
+      15 (the paper's, App. G), :math:`p = 2` (the :math:`\ell_2` ECE the
+      paper reports), :math:`T_{\mathrm{sb}}` = 0.01 (the paper publishes no
+      value) and ``sb_kind='lb'`` (Eq. (12); ``'bin'`` is Eq. (11)).
     ``'hb_ece'`` (TS-HB-ECE, App. C of [2]):
       multi-resolution search of hard-binned top-label ECE (``num_bins``
       equal-width bins, norm ``p`` = 2, ``convention='calib_jax'``, i.e. bins
-      ``[lo, hi)``, see :mod:`calib_jax.metrics`). The paper names the method
-      but publishes no grid; this one is: level 0 evaluates ``grid_size``
-      values of :math:`\log T` evenly spaced over ``log(search_range)``; each
-      of the ``levels - 1`` refinements evaluates ``grid_size`` values evenly
-      spaced over :math:`\pm` one previous spacing around the incumbent (which
-      is itself re-evaluated, so the ECE never increases). With the defaults
-      (17, 4, [0.05, 20]) that is 68 evaluations and a final spacing of
-      :math:`\log(400)/16/8^3 \approx 7.3\cdot 10^{-4}` in :math:`\log T`.
-      Hard ECE is piecewise constant in :math:`T`: ties go to the smallest
-      :math:`T` of a level.
+      ``[lo, hi)``). The paper publishes no grid; here level 0 evaluates
+      ``grid_size`` values of :math:`\log T` evenly spaced over
+      ``log(search_range)``, and each of ``levels - 1`` refinements as many
+      over :math:`\pm` one previous spacing around the incumbent (so the ECE
+      never increases). Ties go to the smallest :math:`T` of a level.
     ``'ece_grid'`` (the focal-loss code lineage):
-      :math:`T \in \{0.1, 0.2, \dots, 10.0\}` (100 values, computed as
-      ``k / 10`` rather than by repeated addition of 0.1) minimising 15-bin
-      equal-width ECE with ``p = 1`` and bins ``(lo, hi]``
+      :math:`T \in \{k / 10\}_{k=1}^{100}` minimising 15-bin equal-width
+      ECE with ``p = 1`` and bins ``(lo, hi]``
       (``convention='focal_calibration'``, the ``ECELoss`` of that code);
-      ties go to the smallest :math:`T`, as the strict ``<`` update of that
-      code does. Use it to compare with temperatures in those papers' tables.
+      ties go to the smallest :math:`T`, as in that code. Use it to compare
+      with temperatures in those papers' tables.
 
-    The hard-ECE objectives bin the top-label confidences of each candidate
-    (``O(V N K)`` for ``V`` candidates, App. C of [2]) with
-    :meth:`calib_jax.metrics.BinnedStats.from_confidences`.
-
-    The fit is not differentiable with respect to ``logits`` (the loops stop
-    on data-dependent conditions). Concrete inputs are validated on the host;
-    under ``jax.jit``/``jax.vmap`` only shapes are checked.
+    Not differentiable in ``logits``. Under ``jax.jit``/``jax.vmap`` only
+    shapes are checked.
 
     Args:
       logits: float ``[N, K]`` uncalibrated logits (bf16/fp16 are upcast).
@@ -132,8 +103,7 @@ def fit_temperature(
     Warns:
       SuspiciousFitWarning: (concrete inputs only) one line when the
         validation accuracy is below chance (1/K) or :math:`T` lies outside
-        [0.05, 20]: labels misaligned with the logits (:math:`T \gg 1`, low
-        accuracy) or probabilities passed as logits (:math:`T \ll 1`).
+        [0.05, 20] (``docs/posthoc.md``).
 
     References:
       [1] C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger, "On Calibration of
@@ -159,12 +129,9 @@ def fit_temperature(
         logits, labels, where, values=not fused
     )
     if fused:
-        # One compiled call: the fit, the value summary of its inputs and the
-        # fit warning's diagnostics.
         max_iter = _checks.check_positive_int("max_iter", max_iter)
         _checks.check_positive_int("num_bins", num_bins)
         t, *checks = _fit_nll_checked(logits, labels, where, tol, max_iter=max_iter)
-        # One transfer: t (kept on the array) with the summary and diagnostics.
         summary, (accuracy, exact, simplex) = _checks.fetch(t, checks)
         _validate.raise_for_screen(summary, logits, labels, where)
         accuracy = accuracy if exact else None
@@ -202,12 +169,8 @@ def fit_temperature(
 
 
 def check_sb_options(p, sb_temperature, sb_kind):
-    """The SB-ECE objective's options, checked (one-line ValueErrors naming
-    the option); returns ``p``, None meaning the default 2.
-
-    Shared by :func:`fit_temperature` and
-    :func:`calib_jax.posthoc.fit_of_chunks`; traced values pass unchecked.
-    """
+    """Checks the SB-ECE options (traced values pass); returns ``p``, None
+    meaning the default 2."""
     _checks.check_choice("sb_kind", sb_kind, ("lb", "bin"))
     _checks.check_positive("sb_temperature", sb_temperature)
     if p is not None and _checks.is_concrete(p) and not float(p) >= 1:
@@ -281,16 +244,12 @@ def _dispatch(
 
 
 def _nll_fit_diagnostics(logits, labels, where):
-    """``(accuracy, exact, simplex)`` for the fit warning, from the NLL fit's
-    own row maxima (traceable).
+    """``(accuracy, exact, simplex)`` for the fit warning (traceable).
 
-    The accuracy counts rows whose label logit equals the row maximum; that
-    is the arg-max accuracy unless such a row has another entry at its
-    maximum. One pass of :math:`S_n(s)` at :math:`s` = the largest float
-    (every entry below the maximum contributes 0, every entry at it 1) finds
-    those rows without an arg-max over ``[N, K]`` (a costlier pass on the
-    CPU); ``exact`` is False when there is one, and the host then computes
-    the arg-max accuracy instead.
+    The accuracy counts rows whose label logit is the row maximum: the
+    arg-max accuracy unless such a row has a tie at its maximum, which
+    ``S_n(s) >= 2`` at the largest float ``s`` detects (``exact`` False: the
+    host computes the arg-max accuracy instead).
     """
     z, labels, w = _core.canonical(logits, labels, where)
     m = jnp.max(z, axis=-1)
@@ -318,9 +277,8 @@ def _fit_sb_ece(
     logits, labels, where, tol, sb_temperature, p, *, max_iter, num_bins, kind
 ):
     z, labels, w = _core.canonical(logits, labels, where)
-    # Start from the NLL temperature: near the SB-ECE optimum in practice, and
-    # away from the flat region of saturated confidences that very
-    # over-confident logits have at T = 1 (there the SB-ECE gradient vanishes).
+    # Start from the NLL temperature: at T = 1 very over-confident logits have
+    # saturated confidences and a vanishing SB-ECE gradient.
     u0 = _temperature.fit_log_t_nll(
         z, labels, w, jnp.zeros((), z.dtype), max_iter=max_iter, tol=tol
     )

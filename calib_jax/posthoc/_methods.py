@@ -1,13 +1,6 @@
-"""The post-hoc methods, one entry each: :data:`METHODS`.
-
-An entry says how :func:`calib_jax.posthoc.fit` fits the method, which
-calibration maps its fits apply (each with the check of the parameter tree it
-reads, run by :meth:`Calibrator.apply <calib_jax.posthoc.Calibrator.apply>`
-and by :func:`calib_jax.posthoc.load`), and, for the methods that class-wise
-loss scaling trains, their :class:`~calib_jax.posthoc.Method` factory and its
-options. A map's key is what a saved file names (``_persist.py``); keys and
-names are the saved format's and never change.
-"""
+"""The post-hoc methods, one :class:`Entry` each (:data:`METHODS`): fit, calibration
+maps with their parameter checks, and the class-wise loss scaling factory. Map keys
+are what saved files name and never change."""
 
 from __future__ import annotations
 
@@ -32,10 +25,9 @@ from calib_jax.posthoc import (
 
 
 class Map(NamedTuple):
-    """A calibration map: ``apply(params, logits [N, K])`` gives calibrated
-    logits; ``check(params, *, values) -> K | None`` raises ValueError for a
-    tree ``apply`` does not read (``values``: or values its fit never
-    returns) and gives the number of classes it is for (None: any)."""
+    """``apply(params, logits [N, K])`` and ``check(params, *, values) -> K |
+    None`` (ValueError for a tree, or with ``values`` values, ``apply`` does
+    not take; None: any K)."""
 
     apply: Callable
     check: Callable
@@ -51,9 +43,8 @@ class Fitted(NamedTuple):
 
 
 class Entry(NamedTuple):
-    """One method: ``fit(logits, labels, *, where, **options) -> Fitted``,
-    its ``maps`` by key, and (class-wise scaling) ``method(**options) ->
-    Method`` with the names of those ``options``."""
+    """A method's registry fit, its ``maps`` by key, and for class-wise
+    scaling its ``Method`` factory and that factory's ``options``."""
 
     fit: Callable[..., Fitted]
     maps: dict[str, Map]
@@ -85,8 +76,7 @@ def _fit_one(name: str, fitter: Callable) -> Callable[..., Fitted]:
 
 
 def _fit_binned(name: str, fitter: Callable) -> Callable[..., Fitted]:
-    """The registry fit of histogram binning or isotonic regression: the
-    ``variant`` picks the map; the name says a variant other than top-label."""
+    """The registry fit of a method whose ``variant`` picks the map."""
 
     def fit(logits, labels, *, where=None, variant: str = "top_label", **kwargs):
         params = fitter(logits, labels, where=where, variant=variant, **kwargs)
@@ -108,8 +98,7 @@ _CLASSWISE_OPTIONS = (
 
 
 def _fit_classwise(base: str) -> Callable[..., Fitted]:
-    """The registry fit of ``base`` trained with class-wise loss scaling
-    (:func:`calib_jax.posthoc.fit_classwise`; host function, not jittable)."""
+    """The registry fit of ``base`` trained with class-wise loss scaling."""
 
     def fit(logits, labels, *, where=None, objective: str = "nll", **kwargs):
         if objective != "nll":
@@ -222,10 +211,8 @@ MAPS: dict[str, Map] = {k: m for e in METHODS.values() for k, m in e.maps.items(
 
 
 def num_classes(apply_fn: Callable, params) -> int | None:
-    """The number of classes ``params`` of a library map are for, from their
-    shapes only (also under ``jax.jit``); None for a map that takes any K, a
-    map of another library, or a tree its map does not declare (e.g. the
-    stacked parameters of a vmapped fit)."""
+    """The number of classes ``params`` of a library map are for, from shapes
+    only; None for any K, a foreign map or a tree its map does not declare."""
     for m in MAPS.values():
         if m.apply is apply_fn:
             try:

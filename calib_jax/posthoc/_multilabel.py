@@ -1,21 +1,5 @@
-r"""Per-label temperature scaling of multi-label (sigmoid) logits.
-
-A multi-label model gives ``L`` independent sigmoid logits per row; each
-label gets a temperature of its own, fitted on that label's binary
-cross-entropy alone (temperature scaling of Guo et al. 2017, applied per
-label). The fit of all labels is one jitted program: ``jax.vmap`` over the
-labels of the L-BFGS loop of the other temperature fits
-(:func:`calib_jax.posthoc._core.lbfgs_minimize`).
-
-Saved files (:meth:`MultilabelTemperature.save`) are NumPy ``.npz``
-archives like those of :class:`~calib_jax.posthoc.Calibrator`, of their own
-kind: a ``__header__`` entry holding a JSON object with ``format``
-(``"calib_jax.posthoc.MultilabelTemperature"``), ``version`` (1), ``name``
-and ``num_labels``, and the float arrays ``temperatures`` ``[L]`` and (when
-the calibrator came from a fit) ``nll``, ``nll_at_t1`` ``[L]`` and the int32
-``num_iter`` ``[L]``. :meth:`MultilabelTemperature.load` reads them back
-bit-identically; :func:`calib_jax.posthoc.load` refuses them in one line
-(another kind).
+"""Per-label temperature scaling of multi-label (sigmoid) logits and its
+``.npz`` file. Method and file format: ``docs/posthoc.md``, "Multi-label".
 """
 
 from __future__ import annotations
@@ -42,15 +26,8 @@ _AUX = ("nll", "nll_at_t1", "num_iter")
 
 
 def check_inputs(logits, labels, where):
-    """Static checks of ``[N, L]`` logits, ``[N, L]`` 0/1 labels and a row mask
-    (:func:`calib_jax._checks.check_multilabel`, as ``metrics.multilabel_ece``).
-
-    Raises:
-      TypeError: non-floating logits, labels neither bool, integer nor float,
-        a non-bool mask.
-      ValueError: logits not ``[N, L]`` or empty, labels of another shape, a
-        mask of another length.
-    """
+    """Static checks of ``[N, L]`` logits, ``[N, L]`` 0/1 labels and a row
+    mask, as ``metrics.multilabel_ece``'s."""
     return _checks.check_multilabel(logits, labels, where, purpose="fitting")
 
 
@@ -141,13 +118,8 @@ def apply_multilabel_temperature(
 
 
 def bce_of_log_t(u, z, y, w):
-    r"""Weighted binary cross-entropy of :math:`z / e^{u}`, scalar.
-
-    :math:`\sum_n w_n\,[\mathrm{softplus}(x_n) - y_n x_n]`,
-    :math:`x_n = z_n e^{-u}` (:math:`-\log\sigma(x)` for :math:`y = 1`,
-    :math:`-\log(1 - \sigma(x))` for :math:`y = 0`). Convex in
-    :math:`1/T = e^{-u}`.
-    """
+    r"""Weighted BCE :math:`\sum_n w_n[\mathrm{softplus}(x_n) - y_n x_n]` of
+    :math:`x = z e^{-u}`, scalar; convex in :math:`1/T = e^{-u}`."""
     x = z * jnp.exp(-u)
     return jnp.sum(w * (jax.nn.softplus(x) - y * x))
 
@@ -210,23 +182,12 @@ def fit_multilabel_temperature(
         T_l = \arg\min_{T > 0} \frac{1}{N}\sum_{n}
         \big[\mathrm{softplus}(z_{nl}/T) - y_{nl}\,z_{nl}/T\big],
 
-    the mean binary cross-entropy (the NLL of the Bernoulli model
-    :math:`\sigma(z_{nl}/T)`, Eq. (4) of [1] specialised to one sigmoid). The
-    labels are independent: all ``L`` one-dimensional problems are solved in
-    one jitted call, ``jax.vmap`` over the labels of ``optax.lbfgs`` (zoom
-    line search, strong Wolfe conditions) on :math:`u_l = \log T_l` from
-    :math:`T_l = 1`, inside ``lax.while_loop``
-    (:func:`~calib_jax.posthoc._core.lbfgs_minimize`). A label's loop stops
-    after ``max_iter`` iterations, when :math:`|\partial\ell/\partial u| \le`
-    ``tol``, when the step in :math:`u` is at most ``1e-7 (1 + |u|)``, or
-    when the objective becomes non-finite; the vmapped loop runs until every
-    label has stopped (stopped labels keep their value). The line search only
-    accepts decreasing steps, and a final comparison keeps :math:`T_l = 1`
-    should rounding make the result worse, so no label's BCE exceeds its
-    value at :math:`T = 1`. The BCE is convex in :math:`1/T`, so the
-    minimum is global when it lies at :math:`T > 0`; for a label whose
-    logits are anti-correlated with its targets the infimum is at
-    :math:`T \to \infty` and the fit returns a large temperature.
+    the mean binary cross-entropy (Eq. (4) of [1] for one sigmoid), by
+    L-BFGS on :math:`u_l = \log T_l` from :math:`T_l = 1`, all labels in one
+    jitted call. No label's BCE exceeds its value at :math:`T = 1`. The BCE
+    is convex in :math:`1/T`; a label whose logits are anti-correlated with
+    its targets gets a large temperature (the infimum is at
+    :math:`T \to \infty`). Stopping rule: ``docs/posthoc.md``.
 
     Args:
       logits: float ``[N, L]`` uncalibrated sigmoid logits (bf16/fp16 are
@@ -244,8 +205,7 @@ def fit_multilabel_temperature(
     Raises:
       ValueError: labels of another shape than ``logits``, bad options, and
         for concrete inputs NaN/inf logits, labels not 0/1 or a mask
-        excluding every row (one line each). Under ``jax.jit`` only shapes
-        are checked.
+        excluding every row (one line each; under ``jax.jit`` shapes only).
 
     Warns:
       SuspiciousFitWarning: (concrete inputs only) one line when a fitted
@@ -277,8 +237,7 @@ def fit_multilabel_temperature(
 
 
 def _warn_if_outside_range(temperatures) -> None:
-    """One-line :class:`SuspiciousFitWarning` when a fitted temperature lies
-    outside :data:`TEMPERATURE_RANGE`."""
+    """One-line :class:`SuspiciousFitWarning` for temperatures out of range."""
     t = np.asarray(temperatures, np.float64)
     lo, hi = _validate.TEMPERATURE_RANGE
     outside = np.flatnonzero((t < lo) | (t > hi))
@@ -329,14 +288,12 @@ class MultilabelTemperature:
         return jax.nn.sigmoid(self.apply(logits))
 
     def summary(self) -> dict[str, Any]:
-        """Host-side summary (JSON-serialisable), as
-        :meth:`Calibrator.summary`: scalars as floats, vectors of at most 8
-        entries in full, larger arrays by shape, mean, min and max."""
+        """Host-side JSON-serialisable summary, as :meth:`Calibrator.summary`."""
         return _base.summarize({"temperatures": self.temperatures}, self.aux)
 
     def save(self, path, *, overwrite: bool = False) -> None:
-        """Writes the calibrator to ``path`` (``.npz``, module docstring);
-        read back bit-identically by :meth:`load`.
+        """Writes the calibrator to ``path`` (``.npz``); :meth:`load` reads it
+        back bit-identically.
 
         Raises:
           ValueError: ``path`` exists and ``overwrite`` is False, or the

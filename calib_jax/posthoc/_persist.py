@@ -1,37 +1,6 @@
-r"""The file of a fitted calibrator: :func:`save` (behind
-:meth:`Calibrator.save <calib_jax.posthoc.Calibrator.save>`) and :func:`read`
-(behind :func:`calib_jax.posthoc.load`); the maps a file can name are
-``_methods.MAPS``.
-
-File format (``FORMAT_VERSION`` 1): one NumPy ``.npz`` archive (a zip of
-``.npy`` files, readable without calib_jax), written and read through
-``etils.epath`` (local paths, ``gs://`` and other object stores alike):
-
-- ``__header__``: a 0-d unicode array holding a JSON object with
-  ``format`` (``"calib_jax.posthoc.Calibrator"``), ``version`` (1),
-  ``name`` (the registry name, e.g. ``"ts:nll"``), ``apply`` (the key of
-  the calibration map in ``_methods.MAPS``, e.g. ``"ets(logit)"``), and
-  ``params`` and ``aux``: the structure of the two pytrees;
-- ``p0, p1, ...`` and ``a0, a1, ...``: the array leaves of ``params`` and
-  ``aux``, in the order of the structure.
-
-A structure node is one of ``{"dict": [[key, node], ...]}`` (string keys,
-insertion order), ``{"list": [...]}``, ``{"tuple": [...]}``, ``{"none":
-true}``, ``{"bool" | "int" | "float" | "str": value}`` (Python scalars; JSON
-writes floats with ``repr``, which reads back exactly) and ``{"array": key,
-"kind": "jax" | "numpy" | "numpy_scalar", "dtype": name}`` (an array entry
-of the archive; dtypes NumPy cannot store natively, such as bfloat16, are
-stored as unsigned integers of the same width and viewed back). Loading
-rebuilds every leaf with its type, dtype and bits, so a loaded calibrator
-gives bit-identical outputs. No pickle is involved in either direction.
-
-Loading trusts nothing in the file: a stored array must have the dtype its
-header names (or the unsigned stand-in of a dtype NumPy cannot store), the
-structure must be well formed and at most 32 levels deep, the ``name`` must
-fit the ``apply`` map, and the parameters must be what that map reads: the
-check each map declares next to its apply function (keys, ranks, dtypes, one
-K throughout, and the value ranges its fitter guarantees, e.g. a finite
-temperature > 0). Anything else is a one-line ``ValueError``.
+"""The ``.npz`` file of a fitted calibrator: :func:`save` and :func:`read`
+(behind :func:`calib_jax.posthoc.load`). Format (version 1) and errors:
+``docs/posthoc.md``, "Saving and loading". Reading trusts nothing in the file.
 """
 
 from __future__ import annotations
@@ -110,8 +79,7 @@ def _encode(tree, prefix: str, arrays: dict) -> dict:
     )
 
 
-# Deeper structures than any calibrator's are refused (a tampered header
-# could otherwise exhaust the recursion).
+# Deeper structures are refused (a tampered header could exhaust the recursion).
 _MAX_DEPTH = 32
 _SCALARS = {"bool": bool, "int": int, "float": float, "str": str}
 _ARRAY_KINDS = ("jax", "numpy", "numpy_scalar")
@@ -149,8 +117,7 @@ def _decode(node, arrays, depth: int = 0):
 
 
 def _decode_array(node, arrays):
-    """An array leaf: its stored dtype must be the header's (or, for a dtype
-    NumPy cannot store, the unsigned integer of its width)."""
+    """An array leaf of the header's dtype (or its unsigned stand-in)."""
     if set(node) != {"array", "kind", "dtype"} or node["kind"] not in _ARRAY_KINDS:
         raise ValueError(f"bad array node {node!r:.80}")
     if node["array"] not in arrays:
@@ -181,12 +148,8 @@ def _decode_array(node, arrays):
 
 
 def save(calibrator, path, *, overwrite: bool = False) -> None:
-    """Writes ``calibrator`` to ``path`` (see the module docstring).
-
-    The file is written whole under a temporary name and renamed into place
-    (one upload on an object store), so a full disk or an interrupted save
-    never leaves a truncated calibrator under ``path``.
-    """
+    """Writes ``calibrator`` to ``path`` whole, under a temporary name renamed
+    into place (never a truncated file)."""
     path = storage.as_path(path, what="path")
     if path.exists() and not overwrite:
         raise ValueError(f"{path} already exists; pass overwrite=True to replace it.")
@@ -210,8 +173,7 @@ def save(calibrator, path, *, overwrite: bool = False) -> None:
 
 
 def read(path, *, name: str | None = None):
-    """``(name, map key, params, aux)`` of a file written by :func:`save`,
-    checked as :func:`calib_jax.posthoc.load` says (one-line ValueErrors)."""
+    """``(name, map key, params, aux)`` of a file written by :func:`save`."""
     path = epath.Path(path)
     if not path.exists():
         raise ValueError(f"calibrator file {path} does not exist.")

@@ -1,11 +1,5 @@
-"""The post-hoc extras to the checking contract of :mod:`calib_jax._checks`.
-
-Static checks (ranks, shapes, dtypes, ``N >= 1``, ``K >= 2``) run on every
-call, also while tracing under ``jax.jit``/``jax.vmap``. Value checks (NaN/inf
-logits, labels out of range, a mask excluding every row, non-positive
-temperatures) run only on concrete arrays, i.e. in eager host code; the
-jitted cores never inspect values. Every message is one line.
-"""
+"""The post-hoc fitters' input checks (static ones always, value checks on
+concrete arrays only; :mod:`calib_jax._checks`) and fit warnings."""
 
 from __future__ import annotations
 
@@ -25,28 +19,10 @@ is_concrete = _checks.is_concrete
 def check_inputs(
     logits, labels, where=None, *, name: str = "logits", values: bool = True
 ):
-    """Checks ``(logits [N, K], labels [N], where [N] | None)``.
-
-    Args:
-      logits: float ``[N, K]``.
-      labels: int ``[N]`` class ids in ``[0, K)``.
-      where: optional bool ``[N]``; ``False`` rows are excluded and not
-        value-checked.
-      name: how ``logits`` is called in messages (e.g. ``'val logits'``).
-      values: whether to check the values of concrete inputs here. A fitter
-        that reads the logits in a compiled call anyway passes False and
-        computes :func:`value_summary` inside that call (one read of the
-        logits instead of two), then calls :func:`raise_for_values`.
-
-    Returns:
-      ``(logits, labels, where)`` as JAX arrays (``where`` may stay None).
-
-    Raises:
-      TypeError: non-floating logits, non-integer labels, non-bool ``where``.
-      ValueError: wrong ranks, ``N = 0``, ``K < 2``, mismatched lengths and,
-        for concrete inputs, NaN/inf logits, labels out of range or a mask
-        excluding every row.
-    """
+    """Checks ``(logits [N, K], labels [N], where [N] | None)``; returns them
+    as JAX arrays. ``name``: how messages call the logits. ``values=False``
+    skips the value checks, for a fitter that runs :func:`value_summary` in
+    its own compiled call and then :func:`raise_for_values`."""
     logits, labels, where = _checks.check_scores_labels(
         logits, labels, where, name=name, purpose="fitting"
     )
@@ -56,31 +32,19 @@ def check_inputs(
 
 
 def value_summary(logits, labels, where):
-    """:func:`calib_jax._checks.value_summary` of a fitter's inputs (traceable):
-    computed inside the fitter's own compiled call, it shares that call's read
-    of the logits."""
+    """:func:`calib_jax._checks.value_summary` of a fitter's inputs (traceable)."""
     return _checks.value_summary(logits, labels, where)
 
 
 def raise_for_values(summary, shape, *, name: str = "logits") -> None:
-    """Raises the one-line ValueError that :func:`value_summary` calls for.
-
-    Args:
-      summary: the output of :func:`value_summary` (fetched here).
-      shape: the logits' shape ``(N, K)``.
-      name: how the logits are called in the message.
-    """
+    """Raises the one-line ValueError a :func:`value_summary` calls for."""
     _checks.raise_for_values(summary, shape[1], name=name, family="fit")
 
 
 def screen_summary(logits, labels, where):
-    """:func:`value_summary` with rows screened by their sum (traceable).
-
-    A row with NaN/inf has a non-finite sum; so may a finite row of huge
-    logits (beyond ``float max / K``), which :func:`raise_for_screen` then
-    re-checks exactly. A plain row sum runs at memory speed on XLA:CPU where
-    ``all(isfinite(x), axis=1)`` does not.
-    """
+    """:func:`value_summary` with rows screened by their sum (traceable): a
+    finite row of huge logits may also overflow, and :func:`raise_for_screen`
+    re-checks flagged rows exactly."""
     x = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     return _checks.value_summary(
         logits, labels, where, row_finite=jnp.isfinite(jnp.sum(x, axis=1))
@@ -120,10 +84,6 @@ def check_nonnegative(name: str, value):
     return value if v is None else v
 
 
-# ---------------------------------------------------------------------------
-# Warnings for fits that look wrong (misaligned labels, probabilities as logits)
-# ---------------------------------------------------------------------------
-
 #: Fitted temperatures outside this range trigger :class:`SuspiciousFitWarning`.
 TEMPERATURE_RANGE = (0.05, 20.0)
 
@@ -135,13 +95,8 @@ class SuspiciousFitWarning(UserWarning):
 
 
 class _Diagnostics:
-    """Fit diagnostics reported inside :func:`quiet_fit_warnings`, by inputs.
-
-    A fitter that computed the validation accuracy and the simplex flag in
-    its own compiled call reports them for the exact input objects it was
-    given; ``posthoc.fit`` reuses them for the same objects instead of
-    reading the logits again.
-    """
+    """Accuracy and simplex flag reported by fitters inside
+    :func:`quiet_fit_warnings`, keyed by the identity of their input objects."""
 
     def __init__(self):
         self._entries = []
@@ -162,9 +117,8 @@ _QUIET = contextvars.ContextVar("calib_jax_posthoc_quiet", default=None)
 
 @contextlib.contextmanager
 def quiet_fit_warnings():
-    """Silences :func:`warn_if_suspicious` inside (``posthoc.fit`` warns once
-    for the whole calibrator instead of once per inner fitter); yields the
-    diagnostics the inner fitters reported (:func:`report_diagnostics`)."""
+    """Silences :func:`warn_if_suspicious` inside (``posthoc.fit`` warns once);
+    yields the diagnostics the inner fitters reported."""
     diagnostics = _Diagnostics()
     token = _QUIET.set(diagnostics)
     try:
@@ -174,10 +128,8 @@ def quiet_fit_warnings():
 
 
 def report_diagnostics(inputs, accuracy, simplex) -> None:
-    """Records the validation accuracy (None: not computed) and simplex flag
-    a fitter computed for ``inputs`` (the caller's ``(logits, labels, where)``
-    objects) for the enclosing :func:`quiet_fit_warnings`; nothing outside
-    one."""
+    """Records a fitter's accuracy (None: not computed) and simplex flag for
+    its ``(logits, labels, where)`` objects inside :func:`quiet_fit_warnings`."""
     diagnostics = _QUIET.get()
     if diagnostics is not None:
         diagnostics.put(inputs, accuracy, simplex)
@@ -207,18 +159,8 @@ def _accuracy(logits, labels, where):
 def suspicious_fit_message(
     logits, labels, where=None, temperatures=None, accuracy=None, simplex=None
 ):
-    """The reasons a fit looks wrong, joined in one line, or None.
-
-    Args:
-      logits: concrete float ``[N, K]`` validation logits.
-      labels: concrete int ``[N]``.
-      where: optional bool ``[N]``.
-      temperatures: optional fitted temperature(s), scalar or array.
-      accuracy: the validation accuracy if the fitter already has it (saves
-        an arg-max pass).
-      simplex: whether the first rows look like probabilities, if the fitter
-        already has it (:func:`simplex_rows`).
-    """
+    """The reasons a fit on concrete inputs looks wrong, in one line, or None;
+    ``accuracy`` and ``simplex`` (:func:`simplex_rows`) are computed if None."""
     k = np.shape(logits)[-1]
     if accuracy is None or simplex is None:
         logits = jnp.asarray(logits)
@@ -270,20 +212,9 @@ def warn_if_suspicious(
     accuracy=None,
     simplex=None,
 ):
-    """Warns (:class:`SuspiciousFitWarning`, one line) when a fit looks wrong.
-
-    Checks concrete inputs only (nothing under ``jax.jit``/``jax.vmap``) and
-    nothing inside :func:`quiet_fit_warnings`. See
-    :func:`suspicious_fit_message` for the conditions.
-
-    Args:
-      logits, labels, where: the validation data of the fit.
-      name: what was fitted, first in the message (e.g. ``'fit_temperature'``).
-      temperatures: optional fitted temperature(s).
-      accuracy: optional validation accuracy already computed by the fitter.
-      simplex: optional simplex flag already computed by the fitter
-        (:func:`simplex_rows`).
-    """
+    """One-line :class:`SuspiciousFitWarning`, prefixed by ``name``, when a
+    fit on concrete inputs looks wrong (:func:`suspicious_fit_message`); none
+    inside :func:`quiet_fit_warnings`."""
     if _QUIET.get() is not None or not is_concrete(logits, labels, where, temperatures):
         return
     message = suspicious_fit_message(

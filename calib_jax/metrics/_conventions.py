@@ -1,28 +1,11 @@
-r"""Binning conventions and equal-width bin assignment.
+r"""Binning conventions (presets of popular libraries: ``docs/metrics.md``)
+and equal-width bin assignment.
 
-A *convention* fixes every choice that makes two "15-bin ECE" numbers differ:
-which side of an edge a confidence on the edge goes to, where exactly 0 and
-1.0 go, how the edges are rounded, what happens to sparse bins, the
-equal-mass rule and where the square root of an l2 error is taken. The
-presets reproduce the documented rules of popular libraries; see
-``docs/metrics.md`` for the table.
-
-Edges are float32 numbers :math:`E_0 = 0 < E_1 < \dots < E_M = 1`:
-
-- ``'nearest'``: :math:`E_k` is the float32 nearest to :math:`k/M`, so a
-  confidence written as ``np.float32(k / M)`` lies exactly on edge ``k``;
-- ``'ceil64'``: :math:`E_k` is the smallest float32 not below the float64
-  ``np.linspace(0, 1, M + 1)[k]``, which makes a float32 comparison agree with
-  the float64 comparison a float64 edge array gives;
-- ``'floor'``: no edges; the bin is ``floor(float32(c * M))`` clipped to
-  ``[0, M - 1]`` (fixed-width histogram bins computed by multiplication).
-
-Plain ``floor(c * M)`` is not exact in general: for ``M = 22`` it puts
-``np.float32(13 / 22)`` in bin 12. Because ``float32(c * M)`` is monotone in
-``c``, whether it is exact for a given ``(edges, M)`` is decided by checking
-the two float32 neighbours of every edge; when it is (e.g. ``M = 5, 10, 15``
-with ``'nearest'`` edges) the bin is one multiplication, otherwise it is the
-number of edges below the confidence (``M`` fused comparisons).
+Edge rules, float32 :math:`E_0 = 0 < E_1 < \dots < E_M = 1`: ``'nearest'``,
+the float32 nearest to :math:`k/M`; ``'ceil64'``, the smallest float32 not
+below the float64 ``np.linspace(0, 1, M + 1)[k]`` (float32 comparisons then
+agree with float64 ones); ``'floor'``, no edges: the bin is
+``floor(float32(c * M))`` clipped to ``[0, M - 1]``.
 """
 
 from __future__ import annotations
@@ -58,7 +41,7 @@ class Convention:
       min_count: bins holding fewer samples contribute no error (their samples
         still count in ``N``); 1 means only empty bins are skipped.
       equal_mass: equal-mass rule (``'rank'``, ``'interp'``, ``'quantile'``,
-        ``'digitize'``, see ``_adaptive.py``) or None when the library has none.
+        ``'digitize'``, see ``docs/metrics.md``) or None when the library has none.
       l2_root: for class-averaged l2 errors, ``'after_mean'`` takes the root of
         the class mean of squared errors, ``'per_class'`` averages per-class
         roots.
@@ -176,10 +159,8 @@ def slot_edges(convention: Convention, num_bins: int) -> tuple[np.ndarray, np.nd
 
 
 def count_edges(conf: jax.Array, table, strict: bool) -> jax.Array:
-    """Number of entries of the sorted ``table`` below (``<`` or ``<=``) ``conf``.
-
-    ``table`` is a NumPy or a (possibly traced) JAX array of static length.
-    """
+    """Number of entries of the sorted ``table`` (static length) below (``<``)
+    or at (``<=``, ``strict=False``) ``conf``."""
     if len(table) <= _MAX_COMPARE_BINS:
         count = jnp.zeros(conf.shape, jnp.int32)
         for value in table:
@@ -187,7 +168,6 @@ def count_edges(conf: jax.Array, table, strict: bool) -> jax.Array:
             hit = (conf > e) if strict else (conf >= e)
             count = count + hit.astype(jnp.int32)
         return count
-    # Many bins: a binary search over the table.
     side = "left" if strict else "right"
     return jnp.searchsorted(jnp.asarray(table, conf.dtype), conf, side=side).astype(
         jnp.int32
@@ -197,7 +177,8 @@ def count_edges(conf: jax.Array, table, strict: bool) -> jax.Array:
 @functools.lru_cache(maxsize=256)
 def _multiply_is_exact(edge_rule: str, side: str, num_bins: int) -> bool:
     """True when ``floor(c*M)`` (left) / ``ceil(c*M) - 1`` (right) in float32
-    gives the edge-defined bin for every float32 ``c`` in [0, 1]."""
+    gives the edge-defined bin for every float32 ``c`` in [0, 1] (false for
+    ``M = 22``); ``c * M`` is monotone, so an edge's two neighbours decide."""
     m = num_bins
     e = edges(Convention(name="check", edge_rule=edge_rule), m)
     scale = np.float32(m)
@@ -216,18 +197,9 @@ def _multiply_is_exact(edge_rule: str, side: str, num_bins: int) -> bool:
 
 
 def bin_index(conf: jax.Array, num_bins: int, convention: Convention) -> jax.Array:
-    """Equal-width bin of every confidence under a convention.
-
-    Args:
-      conf: float ``[...]`` confidences in [0, 1].
-      num_bins: static int ``M >= 1``.
-      convention: a :class:`Convention`.
-
-    Returns:
-      int32 ``[...]`` in ``[-1, S)`` where ``S = num_slots(convention, M)``;
-      ``-1`` marks a confidence that belongs to no bin (exactly 0 under
-      ``zero='drop'``).
-    """
+    """Equal-width bin of every confidence ``[...]`` in [0, 1]: int32 in
+    ``[-1, S)``, ``S = num_slots(convention, M)``; ``-1`` for no bin (exactly
+    0 under ``zero='drop'``)."""
     m = int(num_bins)
     if convention.edge_rule == "floor":
         return jnp.clip(jnp.floor(conf * m).astype(jnp.int32), 0, m - 1)

@@ -1,12 +1,6 @@
-r"""CPU-tuned drop-ins of the metric kernels.
-
-Each function here computes exactly what the plain function it names
-computes (same arguments, same results up to float32 summation order) and is
-chosen for it by :func:`calib_jax.kernels.dispatch` on the CPU (the family
-table ``calib_jax.kernels.FAMILIES`` says where else). The ratios that keep
-them are in ``benchmarks/RESULTS.md`` ("Kernel families: tuned vs plain on
-the CPU"); the plain forms are the reference.
-"""
+"""CPU-tuned drop-ins of the metric kernels: each computes what the plain
+function it names computes (up to float32 summation order) and is chosen by
+:func:`calib_jax.kernels.dispatch` (``calib_jax.kernels.FAMILIES``)."""
 
 from __future__ import annotations
 
@@ -29,10 +23,8 @@ CLASSWISE_BLOCK = 1 << 18
 
 
 def _group_size(k: int, ways: int = 1) -> int:
-    """Classes per block of :func:`top_label`: all of them up to 32, else the
-    largest divisor ``g`` of K in [8, 32] whose block count ``K / g`` is a
-    multiple of ``ways``, else the whole row (with ``ways = 1``: the largest
-    divisor in [8, 32], the whole row when there is none)."""
+    """Classes per block of :func:`top_label`: K up to 32, else the largest
+    divisor ``g`` of K in [8, 32] with ``K / g`` a multiple of ``ways``, else K."""
     if k > _MAX_GROUP:
         for g in range(_MAX_GROUP, _MIN_GROUP - 1, -1):
             if k % g == 0 and (k // g) % ways == 0:
@@ -41,29 +33,21 @@ def _group_size(k: int, ways: int = 1) -> int:
 
 
 def class_ways(k: int) -> int:
-    """The most ways a class axis of K entries splits evenly over this
-    process's devices, ``gcd(K, jax.device_count())`` (1 on one device).
-
-    Static, read at trace time: the sharding of a traced array is not
-    visible there, so the kernels below keep their blocks aligned with any
-    even split of the classes over the devices there are; on one device
-    they give the single-device results bit for bit."""
+    """``gcd(K, jax.device_count())``: the blocks below stay aligned with any
+    even split of the classes over the devices (a traced array's sharding is
+    not visible at trace time)."""
     return math.gcd(k, jax.device_count())
 
 
 def _screen_values(probs):
-    """``_common.screen_values`` (which imports this module): ``p`` where
-    ``p >= 0``, huge or NaN otherwise, so a bad row's sum is far from 1."""
+    """``_common.screen_values`` (which imports this module)."""
     big = jnp.asarray(2.0 ** (jnp.finfo(probs.dtype).maxexp - 1), probs.dtype)
     return probs + (jnp.abs(probs) - probs) * big
 
 
 def _row_sums(x):
-    """Row sums of a ``[rows, K]`` block: K column adds up to 32 classes (one
-    elementwise loop over the rows), else a matrix-vector product. XLA:CPU
-    does not vectorise ``jnp.sum(x, axis=1)``: over 10**6 x 10 screened
-    values 30 ms against 6 ms (column adds), over 10**5 x 1000 62 ms
-    against 32 ms (matrix-vector), in row blocks of this kernel's size."""
+    """Row sums of a ``[rows, K]`` block by column adds (K <= 32) or a
+    matrix-vector product: XLA:CPU does not vectorise ``jnp.sum(x, axis=1)``."""
     k = x.shape[1]
     if k <= _MAX_GROUP:
         return functools.reduce(operator.add, [x[:, j] for j in range(k)])
@@ -114,12 +98,9 @@ def _unpack(key, sums):
 
 
 def _top_label_grouped(probs, labels, screen, group):
-    """:func:`_top_label_blocks` on the ``[N, K / group, group]`` view: the
-    same keys, maxima and block sums (bit for bit), with the class axis kept
-    apart from the rows, so a class-sharded ``probs`` splits along the block
-    axis and only the ``[N]`` row maxima (and sums) are reduced across
-    devices. The barrier keeps XLA:CPU from fusing the two reductions into
-    one (7x slower at (10**5, 1000))."""
+    """:func:`_top_label_blocks` (bit for bit) on the ``[N, K / group, group]``
+    view, so a class-sharded ``probs`` splits along the block axis. The
+    barrier keeps XLA:CPU from fusing the two reductions (much slower)."""
     n, k = probs.shape
     sub = probs.reshape(n, k // group, group)
     cls = lax.broadcasted_iota(jnp.int32, sub.shape, 1) * group
@@ -143,19 +124,11 @@ def _top_label_grouped(probs, labels, screen, group):
 
 def top_label(probs, labels, *, screen=False):
     """Drop-in for ``_common.top_label_plain`` (float32): one max-reduction
-    over packed keys.
-
-    For ``0 <= p < 2`` the float32 bit pattern is monotone and ``4 bits``
-    fits in 32 bits, so the largest key holds the confidence (``key >> 2``);
-    among the maximal entries the largest flag is 1 exactly when the label is
-    the first maximal class (``np.argmax``'s tie rule). On the CPU, rows
-    wider than 32 classes are reduced in blocks of ``g`` classes first
-    (:func:`_group_size`, with ``K / g`` a multiple of :func:`class_ways`,
-    else the whole row, so a class-sharded ``probs`` splits along the
-    blocks: :func:`_top_label_grouped`); elsewhere
-    (``lax.platform_dependent``) the row is one reduction, as the blocks'
-    reshape reads 16x the bytes on a TPU.
-    """
+    over packed keys. For ``0 <= p < 2`` the float32 bits are monotone and
+    ``4 bits`` fits in 32 bits, so the largest key holds the confidence
+    (``key >> 2``) and its flag is 1 exactly when the label is the first
+    maximal class. Wide rows go in blocks on the CPU only (a TPU's reshape
+    reads 16x the bytes)."""
     k = probs.shape[1]
     group = _group_size(k, class_ways(k))
 
@@ -221,15 +194,10 @@ def _correct_counts(probs, labels, valid, num_bins, convention, slots):
 
 
 def _class_bin_sums(val, bins, keep, slots, by_class):
-    """Per-class per-slot sums ``[K, slots]`` of a block's ``val`` ``[rows,
-    K]`` over the entries with ``keep``, by one scatter-add.
-
-    ``by_class=False`` flattens the block into one scatter over ``K * slots``
-    segments (the single-device program); ``by_class=True`` scatters with
-    the class as a batch dimension of the scatter, the same additions in the
-    same order per segment (bit-identical sums), which the SPMD partitioner
-    splits along a sharded class axis (a flattened index mixes rows and
-    classes, so it gathers the block on every device instead)."""
+    """Per-class per-slot sums ``[K, slots]`` of ``val`` ``[rows, K]`` where
+    ``keep``, by one scatter-add; ``by_class`` makes the class a batch
+    dimension of the scatter (same sums bit for bit), which the SPMD
+    partitioner splits along a sharded class axis."""
     k = val.shape[1]
     if by_class:
         dims = lax.ScatterDimensionNumbers(
@@ -252,18 +220,9 @@ def _class_bin_sums(val, bins, keep, slots, by_class):
 
 def accumulate_classwise(probs, labels, valid, *, num_bins, convention, screen=False):
     """Drop-in for ``_binned_stats.accumulate_classwise``: scatter-adds in a
-    ``lax.scan`` over row blocks.
-
-    Most probabilities of a K-class softmax fall in bin 0, so bin 0 is not
-    scattered: its count and sum are the column totals (one matrix-vector
-    product) minus the other bins. Conventions that drop exact zeros from
-    every bin scatter all bins. With ``screen`` each block also returns the
-    row sums of its screened values (``_common.screen_values``), read while
-    the block is in cache. With more than one device in the process
-    (:func:`class_ways`) the scatter keeps the class as a batch dimension
-    (:func:`_class_bin_sums`), so a class-sharded ``probs`` is accumulated
-    per shard; the sums are the same bits.
-    """
+    ``lax.scan`` over row blocks. Bin 0, where most softmax entries fall, is
+    not scattered but derived from the column totals (unless the convention
+    drops exact zeros)."""
     n, k = probs.shape
     slots = _conventions.num_slots(convention, num_bins)
     derive_first = not (convention.side == "right" and convention.zero == "drop")
@@ -298,8 +257,7 @@ def accumulate_classwise(probs, labels, valid, *, num_bins, convention, screen=F
 
 def _classwise_chain(probs, valid, *, num_bins, convention, lowest, by_class, screen):
     """Per-class per-slot ``(count, sum conf, column totals, row sums)`` of
-    the bins ``>= lowest`` over ``probs`` ``[n, K]``, by a ``lax.scan`` over
-    blocks of :data:`CLASSWISE_BLOCK` elements (row sums None without
+    the bins ``>= lowest`` of ``probs`` ``[n, K]`` (row sums None without
     ``screen``)."""
     n, k = probs.shape
     slots = _conventions.num_slots(convention, num_bins)
@@ -341,9 +299,8 @@ def _classwise_chain(probs, valid, *, num_bins, convention, lowest, by_class, sc
 
 
 def rank_stats(conf, correct, valid, *, num_bins):
-    """Drop-in for ``_adaptive.rank_stats``: the ``'rank'`` bins from the
-    radix select of the ``M - 1`` group-start order statistics
-    (``_order_statistics.rank_bins``), no sort."""
+    """Drop-in for ``_adaptive.rank_stats``: the ``'rank'`` bins by radix
+    select (``_order_statistics.rank_bins``), no sort."""
     conf = conf.astype(jnp.float32) + 0.0  # the values the sort path bins
     bins = _order_statistics.rank_bins(conf, valid, num_bins)
     count, sum_conf, sum_correct = _kernels.accumulate_top_label(

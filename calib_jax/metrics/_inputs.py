@@ -1,46 +1,6 @@
-r"""The input forms of the metrics: probabilities, logits, top-label rows.
-
-Every metric takes ``[N, K]`` probabilities by default. With
-``from_logits=True`` (the Keras name) the first argument is ``[N, K]``
-logits of dtype bf16, fp16 or float32 (upcast to float32 inside), and the
-metric computes what it needs from row reductions of the logits instead of
-a materialised ``[N, K]`` float32 softmax:
-
-- top-label metrics: with :math:`m_i = \max_k z_{ik}` and
-  :math:`s_i = \sum_k e^{z_{ik} - m_i}`, the confidence
-  :math:`c_i = e^{m_i - \mathrm{LSE}_i} = 1 / s_i` (the largest entry of
-  ``jax.nn.softmax`` by its own formula, ``exp(0) = 1`` divided by the row
-  sum: equal up to the summation order of that sum, bit for bit in the
-  tests) and the correctness :math:`[\hat y_i = y_i]` with :math:`\hat y_i`
-  the first maximal logit;
-- ``nll``: :math:`\mathrm{LSE}_i - z_{iy_i} = (m_i - z_{iy_i}) + \log s_i`;
-- ``brier``: :math:`\sum_k p_{ik}^2 - 2 p_{iy_i} + 1` with
-  :math:`\sum_k p_{ik}^2 = \sum_k e^{2(z_{ik} - m_i)} / s_i^2`;
-- class-wise metrics: the softmax inside the metric's compiled call, where
-  XLA fuses it into the per-class binning.
-
-The first-maximum rule on logits and on their softmax agree except where
-float32 rounding makes two distinct top logits equal probabilities (logits
-within about one float32 ulp of :math:`1/s_i` relative of each other, e.g.
-``3.0`` and its float32 neighbour): the probabilities then give the first
-of the two classes, the logits the class of the larger logit (the model's
-own prediction). Logits that tie exactly (as bf16 logits often do) give the
-first class in both.
-
-A :class:`TopLabelRows` ``(confidence, correct)``, float ``[N]`` and bool
-``[N]``, from :func:`top_label_rows` shard by shard or chunk by chunk (or
-from any other source), can replace ``probs`` in every top-label metric with
-``labels=None``: rows from ``top_label_rows(probs, labels)`` give exactly
-the value of the metric on ``(probs, labels)``.
-
-On the CPU the row reductions run over blocks of rows (``_logit_rows``)
-so that no float32 copy of the ``[N, K]`` logits is written; elsewhere XLA
-fuses them into one read.
-
-Eagerly the inputs are checked (logits: NaN/inf and labels; rows:
-confidences finite in ``[0, 1]``) in the compiled call that computes the
-rows; under ``jax.jit`` nothing is checked, as for probabilities.
-"""
+r"""The input forms of the metrics: probabilities, logits (``from_logits``) and
+:class:`TopLabelRows`; conventions in ``docs/metrics.md``, "Logits and top-label
+rows in"."""
 
 from __future__ import annotations
 
@@ -70,13 +30,8 @@ class TopLabelRows(NamedTuple):
 
 
 def input_form(x, labels, *, from_logits, metric: str, top_label: bool = True) -> str:
-    """Which input a metric got: :data:`PROBS`, :data:`LOGITS` or :data:`ROWS`.
-
-    Raises:
-      ValueError: ``from_logits`` not a bool; rows with labels, rows with
-        ``from_logits=True``, or rows to a metric that needs ``[N, K]``
-        (``top_label=False``).
-    """
+    """Which input a metric got: :data:`PROBS`, :data:`LOGITS` or :data:`ROWS`;
+    rows with labels, with ``from_logits`` or where ``top_label=False`` raise."""
     from_logits = _checks.check_bool("from_logits", from_logits)
     if isinstance(x, TopLabelRows):
         if not top_label:
@@ -98,11 +53,6 @@ def input_form(x, labels, *, from_logits, metric: str, top_label: bool = True) -
             )
         return ROWS
     return LOGITS if from_logits else PROBS
-
-
-# ---------------------------------------------------------------------------
-# Row reductions of logits (traceable, no checks)
-# ---------------------------------------------------------------------------
 
 
 def rows_from_logits(logits, labels) -> TopLabelRows:
@@ -127,14 +77,8 @@ def logits_summary(logits, labels, where) -> _checks.ValueSummary:
 
 
 def softmax(logits):
-    """``jax.nn.softmax`` of the float32-upcast logits (for the class-wise
-    metrics, inside their compiled call)."""
+    """``jax.nn.softmax`` of the float32-upcast logits."""
     return jax.nn.softmax(_common.as_float(logits), axis=-1)
-
-
-# ---------------------------------------------------------------------------
-# Checks
-# ---------------------------------------------------------------------------
 
 
 def check_logits_labels(logits, labels, where):
@@ -199,11 +143,6 @@ def _raise_for_rows(summary, rows):
         )
 
 
-# ---------------------------------------------------------------------------
-# Checked evaluation
-# ---------------------------------------------------------------------------
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1, 6))
 def _with_summary(core, form, x, labels, where, operands, static):
     out = core(x, labels, where, *operands, *static)
@@ -216,12 +155,8 @@ def _with_summary(core, form, x, labels, where, operands, static):
 
 def evaluate(core, form, x, labels, where, *static, operands=()):
     """``core(x, labels, where, *operands, *static)`` with the value checks
-    of ``form`` (:data:`LOGITS` or :data:`ROWS`) in the same compiled call.
-
-    Concrete inputs: one program computes the result and the checks'
-    summary, both reach the host in one transfer, then a bad input raises.
-    Traced inputs (an outer ``jax.jit``): ``core`` alone, unchecked.
-    """
+    of ``form`` (:data:`LOGITS` or :data:`ROWS`) in the same compiled call;
+    traced inputs run ``core`` alone, unchecked."""
     if not _checks.is_concrete(*jax.tree.leaves((x, labels, where, operands))):
         return core(x, labels, where, *operands, *static)
     operands = tuple(operands)
@@ -251,17 +186,8 @@ def checked(x, labels, where, form):
 
 
 def top_label_input(x, labels, where, *, from_logits, metric: str):
-    """The top-label rows of a metric's input, or None for probabilities.
-
-    Logits and rows are checked (eagerly, in the compiled call that computes
-    the rows from logits) and returned as ``(TopLabelRows, where)`` with a
-    float32 confidence; probabilities return None (the metric's own path,
-    unchanged).
-
-    Raises:
-      ValueError, TypeError: as :func:`input_form`, :func:`check_rows` and
-        :func:`check_logits_labels`, and for bad values of concrete inputs.
-    """
+    """``(TopLabelRows, where)`` of checked logits or rows, float32
+    confidence; None for probabilities (the metric's own path)."""
     form = input_form(x, labels, from_logits=from_logits, metric=metric)
     if form == PROBS:
         return None
@@ -294,13 +220,11 @@ def top_label_rows(
         c_i = \max_k p_{ik}, \qquad a_i = [\hat y_i = y_i],
 
     with :math:`\hat y_i` the first maximal class (``np.argmax``). From
-    logits (``from_logits=True``) :math:`c_i = 1/\sum_k e^{z_{ik} - m_i}`,
-    the largest entry of ``jax.nn.softmax`` computed as it does, and
-    :math:`\hat y_i` the first maximal logit (the module docstring of
-    ``calib_jax.metrics._inputs`` says where the two rules differ). Jittable
-    and row-wise, so it runs per shard or per chunk of a split: concatenate
-    the rows and pass them as ``metric(rows, None)`` (with the same
-    ``where``). ``metric(top_label_rows(probs, labels), None)`` equals
+    logits :math:`c_i = 1/\sum_k e^{z_{ik} - m_i}` and :math:`\hat y_i` the
+    first maximal logit (where the two rules differ: ``docs/metrics.md``,
+    "Ties"). Jittable and row-wise: run it per shard or chunk, concatenate
+    the rows and pass them as ``metric(rows, None)`` (same ``where``);
+    ``metric(top_label_rows(probs, labels), None)`` equals
     ``metric(probs, labels)`` bit for bit.
 
     Args:

@@ -1,39 +1,5 @@
-r"""Equal-mass (adaptive) binning and the top-label adaptive ECE.
-
-Equal-mass bins depend on the whole split (its quantiles), so these metrics
-are sort-based: collect the split's probabilities once and call them on the
-full arrays; they are not mergeable across batches.
-
-Rules (``Convention.equal_mass``), for the ``n`` included confidences sorted
-ascending, :math:`s_0 \le \dots \le s_{n-1}`, and ``M`` bins:
-
-- ``'rank'`` (calib_jax): the sorted values are cut into ``M`` consecutive
-  groups of sizes as ``np.array_split`` (the first ``n mod M`` groups one
-  larger); tied confidences are kept together in the group of their first
-  occurrence, so the bins depend only on the values, not on the row order.
-  Groups emptied by ties contribute nothing. With ``n < M`` every sample is
-  a bin of its own.
-- ``'interp'`` (focal-loss code lineage): edges
-  :math:`e_j = \mathrm{interp}(j n / M)` of the sorted values (linear
-  interpolation, positions past ``n - 1`` clamp to the maximum), bins
-  :math:`(e_j, e_{j+1}]`; the smallest confidence equals :math:`e_0` and is in
-  no bin but still counts in ``N``.
-- ``'quantile'`` (netcal): edges are the linear-interpolation quantiles at
-  ``j / M`` with the first and last replaced by 0 and 1, bins
-  :math:`[e_j, e_{j+1})`, the last one closed.
-- ``'digitize'`` (robustness_metrics ``GeneralCalibrationError`` with
-  ``binning_scheme='adaptive'``): upper edges :math:`u_j = s_{r_j}`,
-  :math:`r_j = \min(\mathrm{round}(j n / M), n - 1)` for ``j = 1 .. M - 1``
-  (round half to even, as ``np.round``; computed exactly in integers) and
-  :math:`u_M = 1`; bin ``b`` holds :math:`u_b \le c < u_{b+1}`
-  (``np.digitize``), so a confidence of exactly 1.0 gets a bin ``M`` of its
-  own (``M + 1`` accumulators). The library adds ``eps`` to every count
-  before dividing (a relative change below 1e-15, not reproduced).
-
-Interpolated edges are computed in float32 and can differ by one float32
-ulp from an edge computed in float64; this matters only for a confidence
-within one ulp of an interpolated edge that is not itself a data value.
-"""
+r"""Equal-mass (adaptive) binning and the top-label adaptive ECE: sort-based,
+so not mergeable across batches (collect the split, call once)."""
 
 from __future__ import annotations
 
@@ -71,17 +37,12 @@ def _interp_edges(s, n, num_bins, numer_scale):
 
 
 def assign_sorted(s: jax.Array, n: jax.Array, num_bins: int, rule: str) -> jax.Array:
-    """Equal-mass bin of every sorted confidence.
-
-    Args:
-      s: float ``[N]`` sorted ascending; rows past ``n`` (excluded) are +inf.
-      n: int scalar, number of included rows.
-      num_bins: static ``M``.
-      rule: ``'rank'``, ``'interp'``, ``'quantile'`` or ``'digitize'``.
-
-    Returns:
-      int32 ``[N]`` bins in ``[0, M)`` (``[0, M]`` for ``'digitize'``); ``-1``
-      for rows in no bin.
+    """Equal-mass bin of every sorted confidence (the rules:
+    ``docs/metrics.md``, "Binning conventions"). ``'rank'`` keeps a tie group
+    in the ``np.array_split`` group of its first member (groups emptied by
+    ties stay empty); ``'digitize'`` gives 1.0 a bin ``M`` of its own.
+    ``s`` float ``[N]`` ascending, +inf past the ``n`` included rows; returns
+    int32 ``[N]`` bins, ``-1`` for rows in no bin.
     """
     m = num_bins
     r = lax.iota(jnp.int32, s.shape[0])
@@ -121,11 +82,8 @@ def num_accumulators(num_bins: int, rule: str) -> int:
 
 
 def equal_mass_stats(conf, correct, valid, num_bins, rule):
-    """Per-bin ``(count, sum_conf, sum_correct, lower, upper)`` of equal-mass bins.
-
-    ``lower``/``upper`` are the smallest and largest confidence in each bin
-    (0 for an empty bin).
-    """
+    """Per-bin ``(count, sum_conf, sum_correct, n, lower, upper)`` of equal-mass
+    bins; ``lower``/``upper`` the bin's extreme confidences (0 when empty)."""
     n = jnp.sum(valid.astype(jnp.int32))
     s, a = _common.sorted_by_confidence(conf, correct, valid)
     s = jnp.where(lax.iota(jnp.int32, s.shape[0]) < n, s, jnp.inf)
@@ -159,8 +117,7 @@ SELECT_MIN_ROWS = 1 << 15
 @kernels.dispatch("metric_radix_select", _cpu_kernels.rank_stats)
 def rank_stats(conf, correct, valid, *, num_bins):
     """``(count, sum_conf, sum_correct, n)`` of the ``'rank'`` bins: sort,
-    then cut (:func:`assign_sorted`). Kernel family ``'metric_radix_select'``
-    (``_cpu_kernels.rank_stats``: the bins from a radix select, no sort)."""
+    then cut (:func:`assign_sorted`)."""
     count, sum_conf, sum_correct, n, _, _ = equal_mass_stats(
         conf, correct, valid, num_bins, "rank"
     )
@@ -169,12 +126,7 @@ def rank_stats(conf, correct, valid, *, num_bins):
 
 def equal_mass_rows_error(conf, correct, valid, num_bins, convention, p):
     """Top-label binned error of rows ``(conf, correct)`` with the
-    convention's equal-mass bins (traceable).
-
-    From ``2**15`` rows on, the ``'rank'`` rule goes through
-    :func:`rank_stats` (on the CPU a radix select instead of the sort). Float64
-    reference: ``ece(..., binning='mass')`` in ``tests/_reference_metrics.py``.
-    """
+    convention's equal-mass bins (traceable)."""
     if convention.equal_mass == "rank" and conf.shape[0] >= SELECT_MIN_ROWS:
         count, sum_conf, sum_correct, n = rank_stats(
             conf, correct, valid, num_bins=num_bins
@@ -189,12 +141,8 @@ def equal_mass_rows_error(conf, correct, valid, num_bins, convention, p):
 
 
 def equal_mass_error(probs, labels, where, num_bins, convention, p, screen=False):
-    """:func:`equal_mass_rows_error` of the top-label rows of ``probs``.
-
-    With ``screen``, returns ``(error, sums)``: also the row sums of the input
-    check's value screen, from the same read of ``probs``
-    (:func:`_common.top_label`).
-    """
+    """:func:`equal_mass_rows_error` of the top-label rows of ``probs``; with
+    ``screen`` ``(error, sums)``, the value screen's row sums too."""
     if screen:
         conf, correct, sums = _common.top_label(probs, labels, screen=True)
     else:
@@ -233,26 +181,12 @@ def adaptive_ece(
         |\mathrm{acc}_b - \mathrm{conf}_b|^p\Big)^{1/p},
 
     the binned estimator of Def. 3.6 of [1] with bins holding (nearly) equal
-    numbers of top-label confidences :math:`\max_k p_{ik}`, the AdaECE of [2]. "Adaptive" here means top-label equal-mass binning, not
-    the all-class ACE of [3] nor an unweighted average over bins. The
-    equal-mass rule (ties, edges) follows ``convention``; see the module
-    docstring of ``calib_jax.metrics._adaptive``.
+    numbers of top-label confidences :math:`\max_k p_{ik}`, the AdaECE of
+    [2]; not the all-class ACE of [3] nor an unweighted average over bins.
+    The equal-mass rule (ties, edges) follows ``convention``
+    (``docs/metrics.md``, "Binning conventions").
 
-    Args:
-      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
-        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
-        ``(confidence, correct)`` with ``labels=None``.
-      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
-      num_bins: static int ``M >= 1``.
-      p: 1 (ECE) or 2 (root of the weighted mean squared gap).
-      convention: preset name or :class:`~calib_jax.metrics.Convention`.
-      where: optional bool ``[N]``; ``False`` rows are excluded.
-      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
-        float32), read without a softmax of the whole array (``docs/metrics.md``,
-        "Logits and top-label rows in").
-
-    Returns:
-      float32 scalar.
+    Args and Returns as :func:`~calib_jax.metrics.ece` (no ``binning``).
 
     References:
       [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC,

@@ -1,11 +1,8 @@
-r"""Selective classification: AURC and E-AURC of the top-label confidence.
-
-Sort-based: collect (probs, labels) of a split once and call these on it.
-"""
+"""AURC and E-AURC of the top-label confidence (sort-based: call once on the
+whole split)."""
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,13 +18,8 @@ LANES = 128
 
 
 def _position_weights(n, size, dtype):
-    r"""``alpha_j = (H_n - H_{j-1}) / n`` for 1-based positions ``j <= n``.
-
-    Written as the harmonic gap :func:`_digamma_gap` ``(j - 1, n - j + 1)``,
-    which avoids a long float32 cumulative sum and the cancellation of
-    :math:`\psi(n + 1) - \psi(j)` for the least confident positions (whose
-    weight is about :math:`1/n^2`).
-    """
+    """``alpha_j = (H_n - H_{j-1}) / n`` for 1-based positions ``j <= n``, as
+    :func:`_digamma_gap` (no long float32 cumulative sum, no cancellation)."""
     pos = lax.iota(jnp.int32, size) + 1
     nf = jnp.maximum(n, 1).astype(dtype)
     before = (pos - 1).astype(dtype)
@@ -47,14 +39,10 @@ def _series_terms(a, m):
 
 
 def _digamma_gap(a, m):
-    r""":math:`\psi(a + m + 1) - \psi(a + 1) = H_{a+m} - H_a` for ``a >= 0``,
-    ``m >= 0`` (float), without the cancellation of two large digammas.
-
-    From ``a + 1 >= 16`` the asymptotic series of :math:`\psi` to the
-    :math:`x^{-4}` term, differenced in closed form with ``u = 1/(a+1)``,
-    ``v = 1/(a+m+1)`` (remainder below ``1e-9`` relative); below it the two
-    digammas directly (their gap is at least ``1/17`` there, or 0).
-    """
+    r""":math:`H_{a+m} - H_a` for float ``a, m >= 0`` without cancelling two
+    large digammas: from ``a + 1 >= 16`` the asymptotic series of
+    :math:`\psi` differenced in closed form (remainder below 1e-9 relative),
+    below it the digammas (whose gap is then at least 1/17, or 0)."""
     x, u, _, _, s = _series_terms(a, m)
     series = jnp.log1p(m * u) + u * s
     direct = digamma(x + m) - digamma(x)
@@ -62,13 +50,9 @@ def _digamma_gap(a, m):
 
 
 def _x_minus_log1p(r):
-    r""":math:`r - \ln(1 + r)` for ``r >= 0`` to float32 precision.
-
-    Up to ``r = 1`` the series in :math:`w = r/(2 + r)` (from
-    :math:`\ln(1 + r) = 2\,\mathrm{artanh}\,w`): :math:`2w^2/(1 - w) -
-    2\sum_{k \ge 1} w^{2k+1}/(2k+1)`, whose leading term dominates; above it
-    the difference itself (cancelling at most a factor 3.3).
-    """
+    r""":math:`r - \ln(1 + r)` for ``r >= 0`` to float32 precision: up to
+    ``r = 1`` the series in :math:`w = r/(2 + r)` of
+    :math:`\ln(1 + r) = 2\,\mathrm{artanh}\,w`, above it the difference."""
     w = r / (2.0 + r)
     w2 = w * w
     odd = 0.0
@@ -80,14 +64,9 @@ def _x_minus_log1p(r):
 
 def _mean_inner_gap(a, m):
     r""":math:`T = \frac{1}{m}\sum_{s=1}^{m}\frac{s}{a+s} = 1 -
-    \frac{a}{m}(H_{a+m} - H_a)`, ``m >= 1``, without cancelling ``1`` against
-    the product for ``a >> m`` (where :math:`T \approx (m+1)/(2a)`).
-
-    With the series of :func:`_digamma_gap`, ``r = m u`` and ``a = 1/u - 1``:
-    :math:`mT = (r - \ln(1+r))/u + \ln(1+r) - (1-u)\,s`; below ``a + 1 = 16``
-    the digammas directly (:math:`T \ge 1/16` there); a group of one is
-    :math:`1/(a+1)` exactly.
-    """
+    \frac{a}{m}(H_{a+m} - H_a)`, ``m >= 1``, without cancelling 1 against the
+    product for ``a >> m``: :math:`mT = (r - \ln(1+r))/u + \ln(1+r) - (1-u)s`
+    with :func:`_series_terms`' ``u, s`` and ``r = m u``."""
     x, u, _, _, s = _series_terms(a, m)
     r = m * u
     series = (_x_minus_log1p(r) / u + jnp.log1p(r) - (1.0 - u) * s) / m
@@ -97,17 +76,9 @@ def _mean_inner_gap(a, m):
 
 
 def _group_weight(a, m, n):
-    r"""Mean of ``alpha_j = (H_n - H_{j-1}) / n`` over positions
-    ``j = a + 1 .. a + m`` (a group of ``m`` tied confidences below ``a``
-    others).
-
-    With :math:`b = a + m`, :math:`H_n - H_{j-1} = (H_n - H_b) + (H_b -
-    H_{j-1})` and the mean of the second part over the group is
-    :math:`T = \frac{1}{m}\sum_{t=a+1}^{b}\frac{t-a}{t}`
-    (:func:`_mean_inner_gap`): the weight is :math:`((H_n - H_b) + T)/n`, two
-    non-negative terms, each to float32 precision (a group of one reads
-    :math:`(H_n - H_a)/n`, as :func:`_position_weights`).
-    """
+    r"""Mean of ``alpha_j`` over positions ``j = a + 1 .. a + m`` (``m`` tied
+    confidences below ``a`` others): :math:`((H_n - H_{a+m}) + T)/n` with
+    :math:`T` of :func:`_mean_inner_gap`, two non-negative terms."""
     b = a + m
     nf = jnp.maximum(n, 1).astype(a.dtype)
     tail = _digamma_gap(b, jnp.maximum(nf - b, 0.0))
@@ -115,9 +86,8 @@ def _group_weight(a, m, n):
 
 
 def _tie_sum(dtype, i, last, err, start, run, n):
-    """The AURC sum over the rows ending a tie group (``last``), given each
-    row's error flag and the starts of its tie group and of its run of
-    equal (confidence, error) keys."""
+    """The AURC sum over the rows ending a tie group (``last``), from each
+    row's error flag and the starts of its tie group and its error run."""
     # Group [start, i] ends at a row with ``last``; its errors are the run
     # [run, i] when that row is an error. Descending, the group takes the
     # positions a + 1 .. a + m below the a = n - 1 - i more confident rows.
@@ -132,9 +102,7 @@ def _tie_sum(dtype, i, last, err, start, run, n):
 
 
 def _aurc_flat(conf, correct, valid, n):
-    """``(aurc, errors)``: the sorted ``[N]`` rows, two prefix maxima of the
-    row index for the tie groups and the error runs (the CPU's and GPUs'
-    form)."""
+    """``(aurc, errors)`` from the sorted ``[N]`` rows (CPU and GPUs)."""
     size = conf.shape[0]
     # Ascending (confidence, error), excluded rows last: inside a group of
     # tied confidences the correct rows come first, the errors last.
@@ -151,28 +119,22 @@ def _aurc_flat(conf, correct, valid, n):
 
 
 def _tuned_keys(conf, flag, valid):
-    """One unstable sort of the packed int32 keys of
-    ``_cpu_kernels.sort_key`` (no payload: equal keys are equal integers, so
-    stability is moot, and a TPU's stable sort of 10^6 keys reads and writes
-    4.5x the bytes)."""
+    """One unstable sort of ``_cpu_kernels.sort_key`` (equal keys are equal
+    integers, so stability is moot)."""
     return lax.sort(_cpu_kernels.sort_key(conf, flag, valid), is_stable=False)
 
 
 @kernels.dispatch("sort_keys", _tuned_keys)
 def _sorted_keys(conf, flag, valid):
-    """Ascending int32 keys ``2 bits(conf) + flag`` (wrapping for the
-    excluded rows, which come last): :func:`_common.sorted_by_confidence`'s
-    pairs in one array, only compared for equality and split by ``>> 1``
-    and ``& 1``."""
+    """:func:`_common.sorted_by_confidence`'s pairs as ascending int32 keys
+    ``2 bits(conf) + flag`` (excluded rows last, wrapping)."""
     s, f = _common.sorted_by_confidence.plain(conf, flag, valid)
     return lax.bitcast_convert_type(s, jnp.int32) * 2 + f
 
 
 def _columns(x):
-    """``[N]`` as ``[LANES, ceil(N / LANES)]`` with row ``j`` at
-    ``[j % LANES, j // LANES]`` (zero-padded): consecutive rows run down the
-    major axis, so a prefix maximum is a scan along it plus one over the
-    short column maxima, with no transposition inside the scans."""
+    """``[N]`` as ``[LANES, ceil(N / LANES)]``, row ``j`` at ``[j % LANES,
+    j // LANES]`` (zero-padded), so a prefix maximum needs no transposition."""
     size = x.shape[0]
     cols = max(1, -(-size // LANES))
     x = jnp.concatenate([x, jnp.zeros((cols * LANES - size,), x.dtype)])
@@ -188,10 +150,8 @@ def _column_prefix_max(x):
 
 
 def _aurc_columns(conf, correct, valid, n):
-    """:func:`_aurc_flat` on a TPU: one sort of packed keys, transposed
-    once into :func:`_columns`' layout, where the two prefix maxima need no
-    transposition (a TPU's ``lax.cummax`` over ``[N]`` transposes its input
-    and its output; ``RESULTS.md``, "Metric kernels on TPU")."""
+    """:func:`_aurc_flat` on a TPU: one sort of packed keys in
+    :func:`_columns`' layout (a TPU's ``lax.cummax`` over ``[N]`` transposes)."""
     key = _sorted_keys(conf, ~correct, valid)
     size = key.shape[0]
     errors = jnp.sum(jnp.where(lax.iota(jnp.int32, size) < n, key & 1, 0))
@@ -219,8 +179,6 @@ def _aurc_rows(conf, correct, where):
     size = conf.shape[0]
     valid = _common.mask_or_ones(where, size)
     n = jnp.sum(valid.astype(jnp.int32))
-    # The column form where it was measured (a TPU); the CPU and GPUs keep
-    # the flat form.
     flat = {p: _aurc_flat for p in ("cpu", *kernels.GPU_PLATFORMS)}
     aurc, errors = lax.platform_dependent(
         conf, correct, valid, n, **flat, default=_aurc_columns
@@ -229,11 +187,7 @@ def _aurc_rows(conf, correct, where):
     return aurc, alpha, errors, n
 
 
-@jax.jit
-def _aurc_core(probs, labels, where):
-    return _aurc_rows(*_common.top_label(probs, labels), where)
-
-
+_aurc_core = jax.jit(_inputs.on_probs(_aurc_rows))
 _aurc_rows_core = jax.jit(_aurc_rows)
 
 
@@ -266,8 +220,7 @@ def aurc(
       labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       where: optional bool ``[N]``; ``False`` rows are excluded.
       from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
-        float32), read without a softmax of the whole array (``docs/metrics.md``,
-        "Logits and top-label rows in").
+        float32; ``docs/metrics.md``, "Logits and top-label rows in").
 
     Returns:
       float32 scalar in [0, 1].
@@ -308,11 +261,7 @@ def _eaurc_rows(conf, correct, where, optimum):
     return value - best
 
 
-@functools.partial(jax.jit, static_argnums=(3,))
-def _eaurc_core(probs, labels, where, optimum):
-    return _eaurc_rows(*_common.top_label(probs, labels), where, optimum)
-
-
+_eaurc_core = jax.jit(_inputs.on_probs(_eaurc_rows), static_argnums=(3,))
 _eaurc_rows_core = jax.jit(_eaurc_rows, static_argnums=(3,))
 
 
@@ -331,23 +280,14 @@ def eaurc(
         \mathrm{E\text{-}AURC} = \mathrm{AURC} - \mathrm{AURC}^*,
 
     where the oracle ranks every correct prediction above every error
-    ([1]). ``optimum='exact'`` uses the same discrete estimator
-    as :func:`aurc` with the :math:`m` errors in the last positions,
+    ([1]). ``optimum='exact'`` uses the discrete estimator of
+    :func:`aurc` with the :math:`m` errors in the last positions,
     :math:`\mathrm{AURC}^* = \sum_{j > N - m} (H_N - H_{j-1})/N`, so
     E-AURC >= 0 exactly; ``'geifman'`` uses the closed form
     :math:`\hat r + (1 - \hat r)\ln(1 - \hat r)` of [1] with error rate
     :math:`\hat r = m/N`, which differs by :math:`O(\log N / N)`.
 
-    Args:
-      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
-        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
-        ``(confidence, correct)`` with ``labels=None``.
-      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
-      optimum: ``'exact'`` or ``'geifman'``.
-      where: optional bool ``[N]``; ``False`` rows are excluded.
-      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
-        float32), read without a softmax of the whole array (``docs/metrics.md``,
-        "Logits and top-label rows in").
+    Args as :func:`aurc`, and ``optimum``: ``'exact'`` or ``'geifman'``.
 
     Returns:
       float32 scalar.

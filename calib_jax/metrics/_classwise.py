@@ -34,10 +34,8 @@ def _per_class_equal_mass(probs, labels, valid, num_bins, rule):
 
 
 def _class_stats(probs, labels, where, num_bins, binning, convention, screen):
-    """``((count, sum_conf, sum_correct, n), sums)``: ``sums`` the value
-    screen's row sums from the equal-width kernel's read of ``probs`` when
-    ``screen``, else None (equal-mass bins sort each class's column; their
-    screen stays the separate row reduction of ``_validate.probs_summary``)."""
+    """``((count, sum_conf, sum_correct, n), sums)``, ``sums`` the value
+    screen's row sums when ``screen`` with equal-width bins, else None."""
     valid = _common.mask_or_ones(where, probs.shape[0])
     if binning == "equal_width":
         out = _binned_stats.stats_from_batch(
@@ -50,12 +48,8 @@ def _class_stats(probs, labels, where, num_bins, binning, convention, screen):
 
 
 def _debiased_square(count, sum_conf, sum_correct, total):
-    r"""Per-bin debiased squared error summed over the last axis (no root).
-
-    :math:`\sum_b \frac{n_b}{N}\big[(\bar c_b - \bar a_b)^2 -
-    \frac{\bar a_b(1 - \bar a_b)}{n_b - 1}\big]` over bins with
-    :math:`n_b \ge 2` (the debiased estimator of Kumar et al. 2019).
-    """
+    """Debiased squared error (no root) summed over the last axis, bins with
+    ``n_b >= 2``: the formula of :func:`debiased_ece`."""
     n_b = count.astype(jnp.float32)
     keep = n_b >= 2
     safe = jnp.where(keep, n_b, 2.0)
@@ -70,9 +64,8 @@ def _debiased_square(count, sum_conf, sum_correct, total):
 def _classwise_core(
     probs, labels, where, num_bins, binning, convention, p, mode, screen=False
 ):
-    """The class-wise error; with ``screen`` also the row sums of the input
-    check's value screen (``None`` for equal-mass bins), see
-    ``_validate.evaluate(..., screened=True)``."""
+    """The class-wise error; with ``screen`` also the value screen's row sums
+    (``None`` for equal-mass bins)."""
     (count, sum_conf, sum_correct, n), sums = _class_stats(
         probs, labels, where, num_bins, binning, convention, screen
     )
@@ -93,8 +86,7 @@ def _classwise_core(
 
 
 def _classwise_logits(logits, labels, where, *static):
-    """The class-wise error of logits: the softmax inside the compiled call
-    (XLA fuses it into the per-class binning)."""
+    """The class-wise error of logits, the softmax inside the compiled call."""
     return _classwise_core(_inputs.softmax(logits), labels, where, *static)
 
 
@@ -146,8 +138,7 @@ def classwise_ece(
     gives the l2 version of Def. 3.7 of [1]; ``convention.l2_root`` chooses
     the root of the class mean (``'after_mean'``, Def. 3.7) or the mean of
     per-class roots (``'per_class'``). Equal-width statistics are
-    :class:`BinnedStats` with ``classwise=True`` (mergeable); equal-mass bins
-    sort each class's probabilities.
+    :class:`BinnedStats` with ``classwise=True`` (mergeable).
 
     Args:
       probs: float ``[N, K]`` rows on the probability simplex, or ``[N, K]``
@@ -209,22 +200,8 @@ def marginal_ece(
     class's squared error is the debiased estimate of [1], clamped
     at 0, before the mean.
 
-    Args:
-      probs: float ``[N, K]`` rows on the probability simplex, or ``[N, K]``
-        logits with ``from_logits`` (not top-label rows: this metric needs
-        every class).
-      labels: int ``[N]`` class ids in ``[0, K)``.
-      num_bins: static int ``M >= 1`` (per class).
-      binning: ``'equal_mass'`` (default) or ``'equal_width'``.
-      p: 1 or 2.
-      debias: static bool, debiased l2 estimate.
-      convention: preset name or :class:`~calib_jax.metrics.Convention`.
-      where: optional bool ``[N]``; ``False`` rows are excluded.
-      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
-        float32; ``docs/metrics.md``, "Logits and top-label rows in").
-
-    Returns:
-      float32 scalar.
+    Args and Returns as :func:`classwise_ece` (``binning`` defaults to
+    ``'equal_mass'``), and ``debias``: static bool, the debiased l2 estimate.
 
     References:
       [1] A. Kumar, P. Liang, T. Ma, "Verified Uncertainty Calibration",
@@ -291,21 +268,8 @@ def debiased_ece(
     upward bias of the plug-in squared error ([1]); bins with one
     sample contribute nothing.
 
-    Args:
-      probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
-        logits with ``from_logits``; or :class:`~calib_jax.metrics.TopLabelRows`
-        ``(confidence, correct)`` with ``labels=None``.
-      labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
-      num_bins: static int ``M >= 1``.
-      binning: ``'equal_mass'`` (default, as [1]) or ``'equal_width'``.
-      convention: preset name or :class:`~calib_jax.metrics.Convention`.
-      where: optional bool ``[N]``; ``False`` rows are excluded.
-      from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
-        float32), read without a softmax of the whole array (``docs/metrics.md``,
-        "Logits and top-label rows in").
-
-    Returns:
-      float32 scalar.
+    Args and Returns as :func:`~calib_jax.metrics.ece` (no ``p``;
+    ``binning`` defaults to ``'equal_mass'``, as [1]).
 
     References:
       [1] A. Kumar, P. Liang, T. Ma, "Verified Uncertainty Calibration",

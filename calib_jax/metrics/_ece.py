@@ -61,14 +61,10 @@ _rows_core = jax.jit(_rows_error, static_argnums=(3, 4, 5, 6))
 def _top_label_core(
     probs, labels, where, num_bins, binning, convention, p, screen=False
 ):
-    """The top-label binned error; with ``screen`` also the row sums of the
-    input check's value screen (``None`` where the path does not read
-    ``probs`` through :func:`_common.top_label` itself)."""
+    """The top-label binned error; with ``screen`` also the value screen's row
+    sums (``None`` on the equal-width path that needs more than the gaps)."""
     sums = None
-    if binning == "equal_width" and not _fast_path(binning, convention, p):
-        # As BinnedStats.from_batch: no screen from this read.
-        conf, correct = _common.top_label(probs, labels)
-    elif screen:
+    if screen and (binning != "equal_width" or _fast_path(binning, convention, p)):
         conf, correct, sums = _common.top_label(probs, labels, screen=True)
     else:
         conf, correct = _common.top_label(probs, labels)
@@ -123,12 +119,8 @@ def ece(
     side of an edge a confidence goes to, the bins of exactly 0 and 1.0 and
     sparse-bin handling follow ``convention`` (``docs/metrics.md``). The
     default puts 1.0 in the last bin and 0 in the first, bins ``[lo, hi)``,
-    and skips empty bins, so it never returns NaN.
-
-    Equal-width bins sum one number per row, ``c_i - a_i``, for ``p=1``
-    (all an ECE needs when only empty bins are skipped), three (count,
-    confidence, correct; :class:`BinnedStats`) otherwise. ``binning=
-    'equal_mass'`` sorts the confidences (see :func:`adaptive_ece`).
+    and skips empty bins, so it never returns NaN. ``binning='equal_mass'``
+    is :func:`adaptive_ece`.
 
     Args:
       probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
@@ -138,13 +130,11 @@ def ece(
       num_bins: static int ``M >= 1``.
       binning: ``'equal_width'`` or ``'equal_mass'``.
       p: 1 or 2.
-      convention: preset name (``'calib_jax'``, ``'torchmetrics'``,
-        ``'netcal'``, ``'focal_calibration'``, ``'robustness_metrics'``) or a
+      convention: a name in :data:`~calib_jax.metrics.PRESETS` or a
         :class:`~calib_jax.metrics.Convention`.
       where: optional bool ``[N]``; ``False`` rows (padding) are excluded.
       from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
-        float32), read without a softmax of the whole array (``docs/metrics.md``,
-        "Logits and top-label rows in").
+        float32; ``docs/metrics.md``, "Logits and top-label rows in").
 
     Returns:
       float32 scalar; global-batch value under a data-sharded ``jax.jit``.
@@ -274,10 +264,9 @@ def _reliability_rows(conf, correct, where, num_bins, binning, convention):
 _reliability_rows_core = jax.jit(_reliability_rows, static_argnums=(3, 4, 5))
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5))
-def _reliability_core(probs, labels, where, num_bins, binning, convention):
-    conf, correct = _common.top_label(probs, labels)
-    return _reliability_rows(conf, correct, where, num_bins, binning, convention)
+_reliability_core = jax.jit(
+    _inputs.on_probs(_reliability_rows), static_argnums=(3, 4, 5)
+)
 
 
 def reliability_bins(

@@ -2,36 +2,14 @@
 
 Every metric is ``calib_jax.metrics.<name>(probs, labels, *, <options>,
 where=None)`` and returns a float32 scalar ``jax.Array`` (``ood_auroc``,
-``ood_aupr`` and ``fpr_at_95_tpr`` take ``(scores_in, scores_out)`` instead). ``probs`` are
-``[N, K]`` rows on the probability simplex. With ``from_logits=True`` every
-metric takes ``[N, K]`` logits (bf16, fp16 or float32) instead and computes
-what it needs (log-sum-exp, top-label confidence and correctness, the label's
-probability) from row reductions, without a float32 softmax of the whole
-array; the top-label metrics also take :class:`TopLabelRows` ``(confidence,
-correct)`` with ``labels=None``, from :func:`top_label_rows` per shard or
-chunk (``docs/metrics.md``, "Logits and top-label rows in"). Called eagerly
-on concrete arrays the functions validate values (NaN/inf, simplex, label
-range, empty input) and raise ``ValueError``; inside ``jax.jit`` they skip
-the value checks and run the same jittable core.
-
-Per-row OOD scores from logits (``max_softmax_score``, ``max_logit_score``,
-``energy_score``, ``entropy_score``, ``mutual_information_score`` of member
-logits; by name: :func:`ood_score` over :data:`OOD_SCORES`) return float32
-``[N]`` scores, higher = more in-distribution, for ``ood_auroc`` and kin.
-
-Calibration tests return a :class:`CalibrationTest` ``(statistic, p_value)``
-(:func:`spiegelhalter_test`, mergeable as :class:`SpiegelhalterStats`;
-:func:`ece_consistency_test`); :func:`corp_decomposition` returns a
-:class:`Decomposition` ``(score, miscalibration, discrimination,
-uncertainty)`` and runs on the host (its isotonic fit has no static shape).
-
-:func:`bootstrap` gives percentile confidence intervals of any of them.
-:func:`summary_of_chunks` is :func:`summary` over a sequence of chunks
-(:mod:`calib_jax.chunks`: arrays, or ``.npz``/``.npy`` shards, local or
-``gs://``) with memory bounded by the chunk (``docs/streaming.md``).
-Equal-width binned metrics come from mergeable :class:`BinnedStats`;
-binning conventions and library presets are in :data:`PRESETS` (see
-``docs/metrics.md``).
+``ood_aupr`` and ``fpr_at_95_tpr`` take ``(scores_in, scores_out)``).
+``from_logits=True`` takes ``[N, K]`` logits instead; top-label metrics
+also take :class:`TopLabelRows` with ``labels=None``. Eager calls validate
+values and raise ``ValueError``; inside ``jax.jit`` the checks are skipped.
+Per-row OOD scores, calibration tests, :func:`corp_decomposition`,
+:func:`bootstrap` intervals, mergeable :class:`BinnedStats`, binning
+:data:`PRESETS` and :func:`summary_of_chunks`: ``docs/metrics.md`` and
+``docs/streaming.md``.
 """
 
 from calib_jax.metrics._adaptive import adaptive_ece

@@ -1,14 +1,4 @@
-r"""Mergeable binned sufficient statistics: :class:`BinnedStats`.
-
-Per bin (and per class for the class-wise variant) the statistics are the
-number of samples, the sum of confidences and the number of correct
-predictions, plus the number of samples ``N``. They add across batches and
-devices, and the calibration error is computed once from the sums, so a
-split evaluated in batches gives the value of the whole split with
-``O(bins * K)`` state. Counts are int32 and exact; the confidence sums are
-float32, so a merged value equals the one-shot value up to float32
-summation order (~1e-7 relative).
-"""
+"""Mergeable binned sufficient statistics: :class:`BinnedStats`."""
 
 from __future__ import annotations
 
@@ -34,8 +24,9 @@ class BinnedStats:
 
     Build one per batch with :meth:`from_batch`, combine with :meth:`merge`
     (or ``+``), and call :meth:`compute` once at the end. All arrays are
-    plain sums, so under a data-sharded ``jax.jit`` the statistics of a
-    global batch span every device.
+    plain sums (a data-sharded ``jax.jit`` sums the global batch); counts are
+    exact, so a merged value equals the one-shot value up to float32
+    summation order of the confidence sums (~1e-7 relative).
 
     Attributes:
       count: int32 ``[S]`` (``[K, S]`` class-wise) samples per bin.
@@ -114,9 +105,9 @@ class BinnedStats:
         r"""Statistics of one batch of probabilities ``[N, K]`` and labels ``[N]``.
 
         Top-label: the confidence is :math:`\max_k p_{ik}` and the sample is
-        correct when its label is the argmax (first maximal class on ties). Class-wise:
-        every entry :math:`p_{ik}` is binned in the histogram of class ``k``
-        with outcome :math:`[y_i = k]`.
+        correct when its label is the argmax (first maximal class on ties).
+        Class-wise: every entry :math:`p_{ik}` is binned in the histogram of
+        class ``k`` with outcome :math:`[y_i = k]`.
 
         Args:
           probs: float ``[N, K]`` rows on the probability simplex.
@@ -255,22 +246,11 @@ def classwise_error(count, sum_conf, sum_correct, total, p, convention):
 
 @kernels.dispatch("metric_classwise", _cpu_kernels.accumulate_classwise)
 def accumulate_classwise(probs, labels, valid, *, num_bins, convention, screen=False):
-    r"""Per-class per-bin ``(count, sum conf, sum correct)``, each ``[K, S]``.
-
-    Every entry :math:`p_{ik}` lands in bin :math:`b_{ik}` of class
-    :math:`k`: :math:`n_{k,s} = \sum_i [b_{ik} = s]`, :math:`S^c_{k,s} =
-    \sum_i [b_{ik} = s] p_{ik}`, :math:`S^a_{k,s} = \sum_i [b_{ik} = s]
-    [y_i = k]`. Computed as the sums over ``bin >= s`` (one float comparison
-    per slot, :func:`_conventions.at_least`) in one variadic reduction over
-    the rows, which XLA fuses into one read of ``probs``, then differenced. Kernel family ``'metric_classwise'``
-    (``_cpu_kernels.accumulate_classwise``); float64 reference
-    ``tests/_reference_metrics.py``.
-
-    With the static ``screen`` flag a fourth output, float ``[N]``: the row
-    sums of :func:`_common.screen_values` over every row (excluded ones
-    too), the input check's value screen (``_validate.probs_summary``) from
-    the same call.
-    """
+    """Per-class per-bin ``(count, sum conf, sum correct)``, each ``[K, S]``
+    (entry ``p_ik`` in class ``k``'s bins, correct when ``y_i = k``), as sums
+    over ``bin >= s`` in one variadic reduction (one read of ``probs``), then
+    differenced. With ``screen`` also the float ``[N]`` row sums of
+    :func:`_common.screen_values` over every row."""
     above = _conventions.at_least(probs, num_bins, convention)
     above = above & valid[:, None, None]
     is_label = labels[:, None] == jnp.arange(probs.shape[1], dtype=labels.dtype)[None]
@@ -281,7 +261,6 @@ def accumulate_classwise(probs, labels, valid, *, num_bins, convention, screen=F
         above & is_label[..., None],
     )
     cum = _sum_rows(terms, (jnp.int32, probs.dtype, jnp.int32))
-    # Sums over bin >= s, differenced into bins.
     out = tuple(c - jnp.pad(c[:, 1:], ((0, 0), (0, 1))) for c in cum)
     if screen:
         out = (*out, jnp.sum(_common.screen_values(probs), axis=1))
@@ -289,8 +268,7 @@ def accumulate_classwise(probs, labels, valid, *, num_bins, convention, screen=F
 
 
 def _sum_rows(terms, dtypes):
-    """Column sums of several ``[N, ...]`` arrays in one variadic reduction
-    (one pass over the rows where separate sums would each read them)."""
+    """Column sums of several ``[N, ...]`` arrays in one variadic reduction."""
     terms = tuple(t.astype(d) for t, d in zip(terms, dtypes))
     zeros = tuple(jnp.zeros((), d) for d in dtypes)
     add = lambda a, b: tuple(x + y for x, y in zip(a, b))  # noqa: E731
@@ -300,12 +278,8 @@ def _sum_rows(terms, dtypes):
 def stats_from_batch(
     probs, labels, where, num_bins, convention, classwise, screen=False
 ):
-    """:meth:`BinnedStats.from_batch` on checked inputs (traceable, no checks).
-
-    With the static ``screen`` flag returns ``(stats, sums)``, ``sums`` the
-    float ``[N]`` row sums of :func:`_common.screen_values` (the value screen
-    of ``_validate.probs_summary``) from the same read of ``probs``.
-    """
+    """:meth:`BinnedStats.from_batch` on checked inputs (traceable); with
+    ``screen`` ``(stats, sums)``, the value screen's row sums too."""
     n = probs.shape[0]
     valid = _common.mask_or_ones(where, n)
     total = jnp.sum(valid.astype(jnp.int32))

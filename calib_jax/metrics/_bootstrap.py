@@ -1,10 +1,4 @@
-r"""Bootstrap percentile intervals for any metric of ``(probs, labels)``.
-
-The rows are resampled with replacement, the metric is evaluated on every
-resample (vmapped, in blocks of resamples under ``lax.map`` so the gathered
-``[block, N, K]`` probabilities stay within a memory budget) and the interval
-is the pair of percentiles of the resampled values.
-"""
+"""Bootstrap percentile intervals for any metric of ``(probs, labels)``."""
 
 from __future__ import annotations
 
@@ -86,6 +80,13 @@ def resample_indices(key, sample: int, num_rows: int, num_included) -> jax.Array
     """
     sub = jax.random.fold_in(key, sample)
     return jax.random.randint(sub, (num_rows,), 0, num_included)
+
+
+def _count(name, value) -> int:
+    """``value`` as int; ValueError unless it is a Python int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a Python int >= 1, got {value!r}.")
+    return int(value)
 
 
 def _call(fn, probs, labels, where):
@@ -172,17 +173,12 @@ def bootstrap(
     ``metric`` is a registered name (``'ece'``), a callable ``fn(probs,
     labels)`` returning a scalar or a pytree of scalars (it is called with
     ``where=`` only when ``where`` is given), or a mapping ``{name: metric}``,
-    which evaluates every metric on the *same* resamples in one pass (one
-    gather per resample; the benchmark's per-cell intervals use this). Use
+    which evaluates every metric on the *same* resamples in one pass. Use
     ``functools.partial`` for options, e.g. ``partial(metrics.ece,
-    num_bins=10)``.
-
-    The inputs are validated once here; the resamples run the metric's
-    jittable core (inside ``jax.jit`` its value checks are skipped). Cost:
-    :math:`B` metric evaluations, vmapped over blocks of ``block_size``
-    resamples by ``lax.map``; the default block keeps the gathered
-    ``[block, N, K]`` probabilities at or below :math:`2^{24}` entries
-    (64 MiB in float32), so memory does not grow with ``num_samples``.
+    num_bins=10)``. The inputs are validated once here; the resamples are
+    vmapped over blocks of ``block_size`` under ``lax.map``, by default at
+    most :math:`2^{24}` gathered ``[block, N, K]`` entries (64 MiB in
+    float32), so memory does not grow with ``num_samples``.
 
     Args:
       metric: name, callable or mapping of names to either.
@@ -193,8 +189,7 @@ def bootstrap(
       confidence: interval level in (0, 1), default 0.95 (traceable).
       where: optional bool ``[N]``; ``False`` rows are neither resampled nor
         counted (each resample has as many rows as are included).
-      block_size: static resamples per vmapped block (default from the
-        memory budget above).
+      block_size: static resamples per vmapped block (default: the budget).
 
     Returns:
       :class:`BootstrapResult` ``(estimate, lower, upper, samples)``, float32
@@ -216,12 +211,7 @@ def bootstrap(
       0.75 True
     """
     fn = _resolve(metric)
-    if (
-        isinstance(num_samples, bool)
-        or not isinstance(num_samples, (int, np.integer))
-        or num_samples < 1
-    ):
-        raise ValueError(f"num_samples must be a Python int >= 1, got {num_samples!r}.")
+    num_samples = _count("num_samples", num_samples)
     conf = jnp.asarray(confidence, jnp.float32)
     if conf.ndim != 0:
         raise ValueError(f"confidence must be a scalar, got shape {conf.shape}.")
@@ -238,15 +228,7 @@ def bootstrap(
             )
     n_rows, k = probs.shape
     if block_size is None:
-        block = max(1, min(int(num_samples), BLOCK_ENTRIES // max(n_rows * k, 1)))
+        block = max(1, min(num_samples, BLOCK_ENTRIES // max(n_rows * k, 1)))
     else:
-        if (
-            isinstance(block_size, bool)
-            or not isinstance(block_size, (int, np.integer))
-            or block_size < 1
-        ):
-            raise ValueError(
-                f"block_size must be a Python int >= 1, got {block_size!r}."
-            )
-        block = min(int(block_size), int(num_samples))
-    return _bootstrap_core(fn, probs, labels, where, key, conf, int(num_samples), block)
+        block = min(_count("block_size", block_size), num_samples)
+    return _bootstrap_core(fn, probs, labels, where, key, conf, num_samples, block)

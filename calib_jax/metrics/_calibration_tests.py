@@ -1,11 +1,4 @@
-r"""Statistical tests of calibration: Spiegelhalter's Z and ECE consistency.
-
-Both return a :class:`CalibrationTest` ``(statistic, p_value)``. The null
-hypothesis is perfect calibration of the forecast that ``mode`` names: the
-top-label confidence for the event "the prediction is correct"
-(``mode='top_label'``), or for two classes the probability of class 1 for
-the event "the label is 1" (``mode='binary'``).
-"""
+"""Statistical tests of calibration: Spiegelhalter's Z and ECE consistency."""
 
 from __future__ import annotations
 
@@ -24,8 +17,7 @@ from calib_jax.metrics import _common, _conventions, _kernels, _validate
 
 MODES = ("top_label", "binary")
 
-# Elements (draws x rows) of one vmapped block of the consistency test: the
-# draws run in blocks of a lax.map so the memory stays bounded for large N.
+# Elements (draws x rows) of one vmapped block of the consistency test.
 _DRAW_ELEMENTS = 1 << 22
 
 
@@ -54,26 +46,19 @@ def check_mode(mode: str, num_classes: int) -> str:
 
 def forecast_outcome(probs, labels, mode):
     """The forecast ``x [N]`` (float) and the event ``o [N]`` (bool) of ``mode``:
-    (top-label confidence, correct) or (probability of class 1, label == 1).
-    Traceable, no checks."""
+    (top-label confidence, correct) or (probability of class 1, label == 1)."""
     if mode == "top_label":
         return _common.top_label(probs, labels)
     return _common.as_float(probs)[:, 1], labels == 1
-
-
-# ---------------------------------------------------------------------------
-# Spiegelhalter's Z
-# ---------------------------------------------------------------------------
 
 
 @struct.dataclass
 class SpiegelhalterStats:
     r"""Mergeable sums of Spiegelhalter's Z test.
 
-    Z is a ratio of two sums over examples, so the sums of batches (or of
-    the shards of a global batch) add exactly and :meth:`compute` divides
-    once: a split tested in batches gives the one-shot value up to float32
-    summation order.
+    The sums of batches (or of the shards of a global batch) add, and
+    :meth:`compute` divides once: a split tested in batches gives the
+    one-shot value up to float32 summation order.
 
     Attributes:
       numerator: float32 scalar, :math:`\sum_i (o_i - x_i)(1 - 2x_i)`.
@@ -110,10 +95,8 @@ class SpiegelhalterStats:
         mode: str = "top_label",
         where: jax.typing.ArrayLike | None = None,
     ) -> SpiegelhalterStats:
-        """The sums of one batch ``probs [N, K]``, ``labels [N]``.
-
-        Args as :func:`spiegelhalter_test`.
-        """
+        """The sums of one batch ``probs [N, K]``, ``labels [N]`` (args as
+        :func:`spiegelhalter_test`)."""
         probs, labels, where = _validate.check_probs_labels(
             probs, labels, where, values=False
         )
@@ -136,15 +119,8 @@ class SpiegelhalterStats:
 
 
 def spiegelhalter_from_sums(numerator, variance) -> CalibrationTest:
-    r"""``Z = numerator / sqrt(variance)`` and ``2 (1 - Phi(|Z|))`` (traceable).
-
-    A zero variance (every forecast is 0, 1/2 or 1) gives ``Z = 0`` and
-    p-value 1 when the numerator is 0 too (the data hold no evidence against
-    calibration: a forecast of 0 or 1 was always right, and 1/2 carries no
-    weight), and ``Z = +inf`` with p-value 0 otherwise (a forecast of 0 or 1
-    was wrong, which is impossible under calibration; each such row adds +1
-    to the numerator, so the sign is always +).
-    """
+    """``Z = numerator / sqrt(variance)`` and ``2 (1 - Phi(|Z|))``; a zero
+    variance gives ``Z = 0`` for a zero numerator, else ``+inf`` (always +)."""
     numerator = jnp.asarray(numerator, jnp.float32)
     variance = jnp.asarray(variance, jnp.float32)
     degenerate = variance <= 0
@@ -203,9 +179,7 @@ def spiegelhalter_test(
     is two-sided (MAPIE's ``spiegelhalter_p_value`` reports the one-sided
     :math:`1 - \Phi(Z)`). A zero denominator (every forecast 0, 1/2 or 1)
     gives ``Z = 0, p = 1`` when the numerator is 0 and ``Z = +inf, p = 0``
-    otherwise
-    (:func:`spiegelhalter_from_sums`). The sums add across batches and
-    devices: :class:`SpiegelhalterStats` is the mergeable form.
+    otherwise. :class:`SpiegelhalterStats` is the mergeable form.
 
     Args:
       probs: float ``[N, K]`` rows on the probability simplex (not logits).
@@ -238,11 +212,6 @@ def spiegelhalter_test(
     return _validate.evaluate(_spiegelhalter_core, probs, labels, where, mode)
 
 
-# ---------------------------------------------------------------------------
-# Consistency resampling of the ECE
-# ---------------------------------------------------------------------------
-
-
 def _ece_of(conf, correct, valid, count, num_bins, convention):
     """Equal-width top-label ECE (the fast path of :func:`metrics.ece`)."""
     bins = _conventions.bin_index(conf, num_bins, convention)
@@ -252,16 +221,9 @@ def _ece_of(conf, correct, valid, count, num_bins, convention):
 
 
 def consistency_draws(conf, valid, key, num_samples, num_bins):
-    """The ECEs of ``num_samples`` surrogate datasets (traceable, no checks).
-
-    Each draw resamples the included confidences with replacement (as many
-    as there are included rows) and draws every outcome as
-    ``Bernoulli(confidence)``; the draws run vmapped, in blocks of a
-    ``lax.map`` of at most ``2**22`` elements when there are more.
-
-    Returns:
-      float ``[num_samples]``.
-    """
+    """Float ``[num_samples]`` ECEs of surrogate datasets: the included
+    confidences resampled with replacement, each outcome
+    ``Bernoulli(confidence)``."""
     n = conf.shape[0]
     convention = _conventions.get_convention(_conventions.DEFAULT)
     count = jnp.maximum(jnp.sum(valid.astype(jnp.int32)), 1)
@@ -324,19 +286,17 @@ def ece_consistency_test(
     surrogate datasets resamples the observed top-label confidences
     :math:`c_i` with replacement and draws each outcome
     :math:`\tilde a_i \sim \mathrm{Bernoulli}(\tilde c_i)`; its ECE
-    (:func:`~calib_jax.metrics.ece` with ``num_bins`` equal-width bins and
-    the default convention) is one draw. The statistic is the observed ECE
-    and the one-sided resampling p-value counts the observed value itself
-    (the "+1" rule, so it is never 0):
+    (:func:`~calib_jax.metrics.ece`, equal-width bins, default convention)
+    is one draw. The statistic is the observed ECE and the one-sided
+    p-value counts the observed value itself (so it is never 0):
 
     .. math::
 
         p = \frac{1 + \#\{s : \mathrm{ECE}^{(s)} \ge \mathrm{ECE}\}}
         {1 + S}, \qquad S = \text{num\_samples}.
 
-    All draws run in one jitted call (vmapped, in blocks of a ``lax.map``)
-    and depend only on ``key``. Not mergeable across batches: the draws
-    resample the whole split (concatenate the batches first).
+    The draws depend only on ``key``. Not mergeable across batches: the
+    draws resample the whole split (concatenate the batches first).
 
     Args:
       probs: float ``[N, K]`` rows on the probability simplex (not logits).

@@ -45,22 +45,9 @@ def _score(x: np.ndarray, o: np.ndarray, score: str) -> float:
 
 
 def isotonic_recalibration(x: np.ndarray, o: np.ndarray) -> np.ndarray:
-    """The CORP recalibrated forecasts: the isotonic (PAV) fit of ``o`` on ``x``.
-
-    Rows with equal forecasts are pooled into one point weighted by their
-    number (their mean outcome) before pool-adjacent-violators, so equal
-    forecasts get equal recalibrated values (scikit-learn's
-    ``IsotonicRegression`` does the same). Host function, float64; the PAV is
-    SciPy's compiled ``scipy.optimize.isotonic_regression``, the one
-    :func:`calib_jax.posthoc.fit_isotonic` runs.
-
-    Args:
-      x: float ``[N]`` forecasts.
-      o: ``[N]`` 0/1 outcomes.
-
-    Returns:
-      float64 ``[N]``, non-decreasing in ``x``.
-    """
+    """The CORP recalibrated forecasts: the isotonic (PAV) fit of 0/1 ``o`` on
+    ``x`` (host, float64 ``[N]``), equal forecasts pooled first so they get
+    equal values (as scikit-learn's ``IsotonicRegression``)."""
     from scipy.optimize import isotonic_regression
 
     values, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
@@ -73,8 +60,7 @@ def isotonic_recalibration(x: np.ndarray, o: np.ndarray) -> np.ndarray:
 
 @functools.partial(jax.jit, static_argnums=3)
 def _forecasts(probs, labels, where, mode):
-    x, o = _calibration_tests.forecast_outcome(probs, labels, mode)
-    return x, o
+    return _calibration_tests.forecast_outcome(probs, labels, mode)
 
 
 def corp_decomposition(
@@ -93,8 +79,8 @@ def corp_decomposition(
     the CORP approach of [1] recalibrates the forecasts by isotonic
     regression, :math:`\hat x_i` = the pool-adjacent-violators fit of
     :math:`o` on :math:`x` with equal forecasts pooled
-    (:func:`isotonic_recalibration`), and splits the mean score
-    :math:`\bar S_X` as the CORP score decomposition of [1]:
+    and splits the mean score :math:`\bar S_X` as the CORP score
+    decomposition of [1]:
 
     .. math::
 
@@ -113,15 +99,11 @@ def corp_decomposition(
     multiclass :func:`~calib_jax.metrics.brier` (in binary mode it is half
     of it). ``score='log'``: :math:`s(x, o) = -o \log x - (1 - o)\log(1 -
     x)` in nats, nothing clipped: a forecast of 0 or 1 that was wrong scores
-    :math:`+\infty`, which makes the score and MCB infinite. The isotonic
-    fit's score is always finite (it forecasts 0 or 1 only for blocks whose
-    outcomes all agree), so only forecasts that are themselves infinitely
-    penalised give infinities.
+    :math:`+\infty`, which makes the score and MCB infinite (the isotonic
+    fit's score is always finite).
 
-    **Host function**: the isotonic fit has no static shape, so it runs on
-    the host in float64 (SciPy's compiled PAV, as
-    :func:`calib_jax.posthoc.fit_isotonic`); not jittable and not mergeable
-    across batches (the fit needs the whole split sorted by forecast).
+    **Host function** (float64, SciPy's PAV): the isotonic fit has no static
+    shape, so it is not jittable and not mergeable across batches.
 
     Args:
       probs: float ``[N, K]`` rows on the probability simplex (not logits).
@@ -140,8 +122,7 @@ def corp_decomposition(
       [1] T. Dimitriadis, T. Gneiting, A. I. Jordan, "Stable reliability
       diagrams for probabilistic classifiers", PNAS 118(8):e2016191118, 2021,
       arXiv:2008.03033: the CORP reliability diagram (PAV recalibration) and
-      the CORP score decomposition MCB - DSC + UNC (equation numbers not
-      pinned: no copy of the paper was at hand to check them).
+      the CORP score decomposition MCB - DSC + UNC (equation numbers not pinned).
 
     Examples:
       >>> import jax.numpy as jnp

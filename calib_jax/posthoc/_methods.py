@@ -25,9 +25,9 @@ from calib_jax.posthoc import (
 
 
 class Map(NamedTuple):
-    """``apply(params, logits [N, K])`` and ``check(params, *, values) -> K |
-    None`` (ValueError for a tree, or with ``values`` values, ``apply`` does
-    not take; None: any K)."""
+    """``apply(params, logits [N, K])`` gives calibrated logits;
+    ``check(params, *, values)`` raises ValueError for a tree (and with
+    ``values``, values) ``apply`` does not take, else returns K (None: any)."""
 
     apply: Callable
     check: Callable

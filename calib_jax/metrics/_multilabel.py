@@ -1,8 +1,5 @@
-r"""Multi-label calibration: :func:`multilabel_ece`, the binary binned ECE of
-each label's sigmoid probability (its equations and bins in its docstring).
-:class:`MultilabelStats` (``_multilabel_stats.py``) holds the mergeable
-equal-width sums.
-"""
+r"""Multi-label calibration: :func:`multilabel_ece`, and the per-label bin sums that
+:class:`MultilabelStats` (``_multilabel_stats.py``) shares."""
 
 from __future__ import annotations
 
@@ -25,20 +22,10 @@ AVERAGES = ("macro", "micro", "none")
 BINNINGS = ("equal_width", "equal_mass")
 
 
-# ---------------------------------------------------------------------------
-# Checks (static always; values when concrete, fused into the metric's call)
-# ---------------------------------------------------------------------------
-
-
 def value_summary(x, labels, where, inputs: str):
-    """The value checks of multi-label inputs as a few scalars (traceable).
-
-    Returns ``(included, bad_rows, first_bad_row, bad_labels, first_bad_row,
-    first_bad_label, bad_value)``: included rows; included rows of ``x``
-    holding NaN/inf (``inputs='probs'``: also an entry outside [0, 1]); the
-    first of them; included targets that are not 0 or 1, the row, label and
-    value of the first one.
-    """
+    """``(included, bad_rows, first_bad_row, bad_labels, row, label, value)``:
+    bad rows hold NaN/inf (or, for probs, an entry outside [0, 1]); bad labels
+    are targets not 0/1, the first at ``(row, label)`` (traceable)."""
     n, num_labels = x.shape
     valid = jnp.ones((n,), bool) if where is None else where
     xf = _common.as_float(x)
@@ -104,15 +91,9 @@ def check_options(num_bins, binning, average, inputs, convention):
     return m, conv
 
 
-# ---------------------------------------------------------------------------
-# Cores (traceable, no checks)
-# ---------------------------------------------------------------------------
-
-
 def label_probs(x: jax.Array, inputs: str) -> jax.Array:
     r"""Positive-class probabilities ``[N, L]``: :math:`\exp(\log\sigma(z))`
-    for logits (``jax.nn.log_sigmoid``, stable at large :math:`|z|`), the
-    input itself for probabilities; float32 (float64 stays float64)."""
+    for logits (stable at large :math:`|z|`), else the input."""
     x = _common.as_float(x)
     if inputs == "logits":
         return jnp.exp(jax.nn.log_sigmoid(x))
@@ -130,12 +111,8 @@ def prepared(x, labels, where, inputs):
 
 
 def width_sums(probs, outcome, valid, num_bins, convention):
-    """Per-label equal-width ``(count, sum_prob, sum_label)``, each ``[L, S]``.
-
-    One scatter-add of the ``N L`` entries into ``L S`` accumulators (the
-    top-label kernel, :func:`_kernels.accumulate_top_label`, with the bin of
-    entry ``(i, l)`` offset by ``l S``).
-    """
+    """Per-label equal-width ``(count, sum_prob, sum_label)``, each ``[L, S]``:
+    one scatter-add, the bin of entry ``(i, l)`` offset by ``l S``."""
     n, num_labels = probs.shape
     slots = _conventions.num_slots(convention, num_bins)
     bins = _conventions.bin_index(probs, num_bins, convention)
@@ -154,13 +131,8 @@ def width_sums(probs, outcome, valid, num_bins, convention):
 
 
 def mass_sums(conf, outcome, valid, num_bins, rule):
-    """Equal-mass ``(count, sum_prob, sum_label, n)`` of one ``[N]`` vector.
-
-    The ``'rank'`` rule from ``2**15`` rows on takes its bins from the radix
-    select of :func:`calib_jax.metrics.adaptive_ece` (kernel family
-    ``'metric_radix_select'``, plain form: a sort); otherwise one sort
-    (``_adaptive.py``).
-    """
+    """Equal-mass ``(count, sum_prob, sum_label, n)`` of one ``[N]`` vector, as
+    :func:`calib_jax.metrics.adaptive_ece` bins it."""
     if rule == "rank" and conf.shape[0] >= _adaptive.SELECT_MIN_ROWS:
         return _adaptive.rank_stats(conf, outcome, valid, num_bins=num_bins)
     count, sum_conf, sum_label, n, _, _ = _adaptive.equal_mass_stats(
@@ -260,18 +232,12 @@ def multilabel_ece(
         \mathrm{macro} = \frac{1}{L}\sum_{l} \mathrm{ECE}_l, \qquad
         \mathrm{micro} = \sum_b \frac{n_b}{N L}\big|\bar y_b - \bar p_b\big|,
 
-    where the micro bins :math:`b` pool all :math:`N L` pairs. This is the
-    per-label form of the class-wise ECE (Def. A.1 of [1]) with independent
-    labels instead of one softmax.
-
-    Bins follow ``convention`` as :func:`ece` (``'equal_width'``; default
-    bins ``[E_k, E_{k+1})``, :math:`E_k` the float32 nearest to ``k/M``, 0 in
-    the first bin, 1.0 in the last, empty bins contribute nothing) and
-    :func:`adaptive_ece` (``'equal_mass'``; default ``'rank'``:
-    ``np.array_split`` of each label's sorted probabilities, ties together;
-    the micro value sorts the pooled pairs). Equal-width values are sums over
-    rows: :class:`MultilabelStats` is the mergeable form. Equal-mass values
-    are sort-based (collect the split, call once).
+    where the micro bins :math:`b` pool all :math:`N L` pairs: the per-label
+    form of the class-wise ECE (Def. A.1 of [1]). Bins follow ``convention``
+    as :func:`ece` (equal width) and :func:`adaptive_ece` (equal mass, per
+    label; sort-based, so call once per split). :class:`MultilabelStats` is
+    the mergeable equal-width form. Conventions: ``docs/metrics.md``,
+    "Multi-label calibration".
 
     Args:
       logits: float ``[N, L]`` sigmoid logits (or probabilities of the
@@ -292,9 +258,7 @@ def multilabel_ece(
     Raises:
       ValueError: unknown ``binning``/``average``/``inputs``, labels of
         another shape than ``logits``, and for concrete inputs labels not
-        0/1, NaN/inf logits, probabilities outside [0, 1], or a mask
-        excluding every row (one line each; no value checks under
-        ``jax.jit``).
+        0/1, NaN/inf, probabilities outside [0, 1], or no included row.
 
     References:
       [1] H. Zhou et al., "Revisiting Reweighted Risk for Calibration: AURC,

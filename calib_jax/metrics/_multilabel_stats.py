@@ -17,12 +17,9 @@ from calib_jax.metrics._conventions import Convention
 class MultilabelStats:
     r"""Per-label equal-width bin sums of :func:`multilabel_ece` (mergeable).
 
-    Per label and bin: the number of entries, the sum of positive-class
-    probabilities and the number of positive targets; plus the number of
-    included rows ``N``. They add across batches and devices (:meth:`merge`
-    or ``+``) and :meth:`compute` reduces them once, so a split evaluated in
-    chunks gives the value of the whole split (counts exact; probability sums
-    float32, equal up to summation order).
+    They add across batches and devices (:meth:`merge` or ``+``) and
+    :meth:`compute` reduces them once: a split evaluated in chunks gives the
+    value of the whole split (probability sums up to summation order).
 
     Attributes:
       count: int32 ``[L, S]`` entries per label and bin.
@@ -60,8 +57,7 @@ class MultilabelStats:
         *,
         convention: str | Convention = _conventions.DEFAULT,
     ) -> MultilabelStats:
-        """All-zero statistics for ``num_labels`` labels (the identity of
-        :meth:`merge`)."""
+        """All-zero statistics for ``num_labels`` labels (:meth:`merge`'s identity)."""
         conv = _conventions.get_convention(convention)
         m = _checks.check_num_bins(num_bins)
         num_labels = _checks.check_positive_int("num_labels", num_labels)
@@ -118,8 +114,7 @@ class MultilabelStats:
     __add__ = merge
 
     def compute(self, average: str = "macro") -> jax.Array:
-        """The multi-label ECE of the accumulated rows (see
-        :func:`multilabel_ece`): ``'macro'``, ``'micro'`` or ``'none'``."""
+        """:func:`multilabel_ece` of the accumulated rows for ``average``."""
         _checks.check_choice("average", average, _multilabel.AVERAGES)
         return _compute(
             self.count,

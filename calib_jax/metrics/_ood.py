@@ -1,10 +1,5 @@
-r"""Separating in-distribution from shifted / OOD inputs by a confidence score.
-
-``ood_auroc``, ``ood_aupr`` and ``fpr_at_95_tpr``. Scores are "higher = more
-in-distribution" (e.g. the maximum softmax
-probability, MSP). Passing ``[N, K]`` probabilities instead of ``[N]``
-scores uses the MSP. Sort-based: call on the collected scores of a split.
-"""
+r"""Separating in-distribution from OOD inputs by a score, higher = more
+in-distribution (``[N, K]`` probabilities: the MSP); sort-based, once per split."""
 
 from __future__ import annotations
 
@@ -141,8 +136,7 @@ def fpr_at_95_tpr(
         \mathrm{FPR@95} = \frac{1}{n_{\mathrm{out}}}\sum_{j \in \mathrm{out}}
         [s_j \ge t].
 
-    This is the first point with TPR >= 0.95 on the ROC curve (the same
-    threshold as ``fpr[argmax(tpr >= 0.95)]`` over distinct thresholds).
+    The first point with TPR >= 0.95 on the ROC curve.
 
     Args:
       scores_in: float ``[N_in]`` (or ``[N_in, K]`` probabilities, MSP).

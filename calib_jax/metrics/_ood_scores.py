@@ -1,15 +1,5 @@
-r"""Per-row out-of-distribution scores computed from logits.
-
-Every score follows the convention of :func:`calib_jax.metrics.ood_auroc`,
-**higher = more in-distribution**, and is per-example (float32 ``[N]``, like
-an unreduced loss: nothing to merge; the detection metrics that consume the
-scores sort the collected scores of a split). bf16/fp16 logits are upcast to
-float32, and every score is computed from the log-softmax (``x - m - log sum
-exp(x - m)``, ``m`` the row maximum; ``0 log 0 = 0``), so logits of magnitude
-``1e4`` neither overflow nor lose small probabilities. Eager calls check the
-inputs (dtype, shapes, ``K >= 2``, NaN/inf; one-line errors); under
-``jax.jit`` the value checks are skipped.
-"""
+r"""Per-row OOD scores from logits, higher = more in-distribution, computed from the
+log-softmax (``docs/metrics.md``, "OOD scores")."""
 
 from __future__ import annotations
 
@@ -24,11 +14,6 @@ from calib_jax import _checks
 OOD_SCORES = ("msp", "max_logit", "energy", "entropy", "mutual_information")
 
 _K_HINT = " for an OOD score"
-
-
-# ---------------------------------------------------------------------------
-# Checks
-# ---------------------------------------------------------------------------
 
 
 def _check_logits(logits, name: str = "logits") -> jax.Array:
@@ -70,13 +55,11 @@ def _with_summary(core, x, *args):
 
 
 def _evaluate(core, x, *args, name: str = "logits"):
-    """``core(x, *args)``; concrete inputs are screened for NaN/inf in the
-    same compiled call and a bad one raises a one-line ValueError."""
+    """``core(x, *args)``; concrete inputs screened for NaN/inf in the same call."""
     if not _checks.is_concrete(x, *args):
         return core(x, *args)
     out, bad, first = _with_summary(core, x, *args)
-    # The summary alone in one transfer: the [N] scores stay on the device for
-    # the detection metrics.
+    # The [N] scores stay on the device.
     bad, first = (int(v) for v in jax.device_get((bad, first)))
     if bad:
         if x.ndim == 3:
@@ -88,11 +71,6 @@ def _evaluate(core, x, *args, name: str = "logits"):
             f"{name} contains NaN or inf in {bad} row(s) (first: {where})."
         )
     return out
-
-
-# ---------------------------------------------------------------------------
-# Cores (jittable, no checks)
-# ---------------------------------------------------------------------------
 
 
 def _upcast(x: jax.Array) -> jax.Array:
@@ -152,17 +130,11 @@ def _mutual_information_score_core(members):
     return -_mutual_information_core(members)
 
 
-# ---------------------------------------------------------------------------
-# Public scores
-# ---------------------------------------------------------------------------
-
-
 def max_softmax_score(logits: jax.typing.ArrayLike) -> jax.Array:
     r"""Maximum softmax probability (MSP) of each row; per-example.
 
-    The baseline OOD score of [1]: the confidence of the predicted class.
-    Computed from the row-max-shifted logits, so it is exact for logits of
-    any magnitude (it is ``1 / sum_k exp(z_k - max z)``).
+    The baseline OOD score of [1]: the confidence of the predicted class,
+    computed as ``1 / sum_k exp(z_k - max z)`` (exact at any magnitude).
 
     .. math::
 
@@ -226,13 +198,9 @@ def energy_score(
 ) -> jax.Array:
     r"""Negative free energy of each row; per-example.
 
-    The energy score of [1]: the free energy of a softmax classifier is
-    :math:`E(x; f) = -T \log \sum_k e^{f_k(x)/T}`, and :math:`-E` is the
-    score (lower energy = more in-distribution). Computed as
-    ``max z + T log sum_k exp((z_k - max z) / T)``, which neither overflows for
-    small ``T`` nor for large logits. It lies in
-    ``[max z, max z + T log K]`` and tends to :func:`max_logit_score` as
-    ``T -> 0``.
+    The energy score of [1], minus the free energy :math:`E` of the logits
+    (lower energy = more in-distribution). It lies in ``[max z, max z + T log
+    K]`` and tends to :func:`max_logit_score` as ``T -> 0``.
 
     .. math::
 
@@ -250,9 +218,7 @@ def energy_score(
 
     References:
       [1] W. Liu, X. Wang, J. D. Owens, Y. Li, "Energy-based
-      Out-of-distribution Detection", NeurIPS 2020, arXiv:2010.03759, Sec. 2-3
-      (the free energy :math:`E(x; f)` of the logits, used as the score
-      :math:`-E(x; f)`).
+      Out-of-distribution Detection", NeurIPS 2020, arXiv:2010.03759, Sec. 2-3.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -270,9 +236,8 @@ def entropy_score(logits: jax.typing.ArrayLike) -> jax.Array:
 
     The entropy of the predicted distribution is the total predictive
     uncertainty ([1], the left-hand side of the decomposition of
-    :func:`mutual_information`); its negative ranks confident rows first.
-    Computed from the log-softmax with ``0 log 0 = 0``; invariant to adding a
-    constant to a row.
+    :func:`mutual_information`); its negative ranks confident rows first
+    (``0 log 0 = 0``).
 
     .. math::
 
@@ -315,11 +280,8 @@ def mutual_information(member_logits: jax.typing.ArrayLike) -> jax.Array:
 
         \mathrm{MI} = H\Big[\frac1M\sum_m p_m\Big] - \frac1M\sum_m H[p_m].
 
-    The mean probability is formed in log space (log-sum-exp of the members'
-    log-softmax), so extreme logits lose nothing. ``MI >= 0`` by Jensen's
-    inequality (rounding below 0 is clamped to 0) and
-    ``MI <= min(log K, log M)``; it is 0 when all members agree. Unlike the
-    other scores, higher MI means *less* in-distribution; use
+    ``0 <= MI <= min(log K, log M)`` (rounding below 0 is clamped), 0 when
+    all members agree. Higher MI means *less* in-distribution; use
     :func:`mutual_information_score` for the "higher = in" convention.
 
     Args:
@@ -386,12 +348,9 @@ def ood_score(
 ) -> jax.Array:
     r"""The OOD score ``name`` of each row (one of :data:`OOD_SCORES`).
 
-    ``'msp'`` :func:`max_softmax_score`, ``'max_logit'``
-    :func:`max_logit_score`, ``'energy'`` :func:`energy_score` (``T = 1``),
-    ``'entropy'`` :func:`entropy_score` and ``'mutual_information'``
-    :func:`mutual_information_score` (minus the MI, so that every score is
-    "higher = more in-distribution", the convention of
-    :func:`calib_jax.metrics.ood_auroc`).
+    ``'msp'``, ``'max_logit'``, ``'energy'`` (``T = 1``), ``'entropy'`` and
+    ``'mutual_information'`` (:func:`mutual_information_score`, minus the MI):
+    every score is "higher = more in-distribution".
 
     Args:
       name: one of ``OOD_SCORES``.
@@ -399,18 +358,16 @@ def ood_score(
         for an ensemble or MC dropout, the log of the mean member
         probabilities).
       member_logits: float ``[M, N, K]`` logits of the ensemble members or
-        MC-dropout samples; required by ``'mutual_information'``, whose score
-        reads only them. When given, its ``[N, K]`` must equal that of
-        ``logits``.
+        MC-dropout samples, with the ``[N, K]`` of ``logits``; required by
+        (and the only input of) ``'mutual_information'``.
 
     Returns:
       float32 ``[N]``; higher = more in-distribution.
 
     Raises:
-      ValueError: an unknown ``name`` (the message lists ``OOD_SCORES``),
-        ``'mutual_information'`` without ``member_logits``, member logits
-        that are not ``[M, N, K]`` with the ``[N, K]`` of ``logits``, and the
-        errors of the score itself.
+      ValueError: an unknown ``name``, ``'mutual_information'`` without
+        ``member_logits``, member logits of another ``[N, K]`` than
+        ``logits``, and the errors of the score itself.
 
     References:
       As the score functions above.

@@ -1,23 +1,6 @@
-r"""Selective classification beyond AURC: AUGRC, risk at coverage, coverage at risk.
-
-Same conventions as :func:`calib_jax.metrics.aurc`: the confidence score is
-the top-label probability :math:`c_i = \max_k p_{ik}`, a prediction is wrong
-when its first arg-max differs from the label, rows are accepted in order of
-decreasing confidence, and tied confidences are resolved by the expectation
-over the orderings of the ties. At coverage :math:`k/N` the expected number
-of accepted errors is then
-
-.. math::
-
-    E_k = E_{\mathrm{before}} + (k - s)\,\frac{m_g}{n_g}
-
-for the tie group :math:`g` holding position :math:`k` (:math:`s` rows
-before it, :math:`E_{\mathrm{before}}` errors before it, :math:`m_g` errors
-among its :math:`n_g` rows): the risk-coverage curves are linear inside a tie
-group, the value every ordering of the ties gives on average.
-
-Sort-based: collect (probs, labels) of a split once and call these on it.
-"""
+r"""Selective classification beyond AURC: AUGRC, risk at coverage, coverage at risk;
+ties in confidence resolved by expectation as :func:`calib_jax.metrics.aurc`
+(``docs/metrics.md``, "Selective classification")."""
 
 from __future__ import annotations
 
@@ -30,19 +13,14 @@ from jax import lax
 from calib_jax import _checks
 from calib_jax.metrics import _common, _inputs, _validate
 
-# A selective risk within this of the target counts as meeting it (float32
-# round-off of E_k / k; see coverage_at_risk).
+# A selective risk within this of the target meets it (float32 round-off of E_k / k).
 RISK_TOLERANCE = 1e-6
 
 
 def _ranked(conf, correct, where):
-    """Errors in order of decreasing confidence and their tie groups.
-
-    Returns ``(err, n, start, before, group_err, group_len)``, every array
-    ``[N]`` in sorted position order (excluded rows last): ``start`` is the
-    0-based position of the row's tie group, ``before`` the errors ahead of
-    the group, ``group_err`` / ``group_len`` the group's errors and size.
-    """
+    """``(err, n, start, before, group_err, group_len)`` by decreasing confidence
+    (excluded rows last): per row its tie group's start position, the errors
+    ahead of the group, and the group's errors and size."""
     size = conf.shape[0]
     valid = _common.mask_or_ones(where, size)
     n = jnp.sum(valid.astype(jnp.int32))
@@ -91,13 +69,10 @@ def augrc(
 ) -> jax.Array:
     r"""Area under the generalized risk-coverage curve of the top-label confidence.
 
-    The generalized risk at a threshold is the fraction of *all* samples that
-    are accepted and wrong, :math:`P(\text{wrong}, c \ge \tau)` ([1]), not
-    the error rate among the accepted (the selective risk of :func:`aurc`).
-    With rows sorted by decreasing confidence and 0/1 errors
-    :math:`e_{(j)}`, the curve passes through :math:`(k/N, \frac1N
-    \sum_{j \le k} e_{(j)})` from :math:`(0, 0)` and its area with the
-    trapezoid rule is
+    The generalized risk is the fraction of *all* samples that are accepted
+    and wrong ([1]), not the selective risk of :func:`aurc`. With rows sorted
+    by decreasing confidence and 0/1 errors :math:`e_{(j)}`, the trapezoid
+    area under :math:`(k/N, \frac1N \sum_{j \le k} e_{(j)})` is
 
     .. math::
 
@@ -106,15 +81,11 @@ def augrc(
         = \tfrac12\,\mathrm{err}^2 + \mathrm{err}\,\mathrm{acc}\,
         (1 - \mathrm{AUROC}_f),
 
-    the "average risk of undetected failures" of [1]; the second form (in
-    [1]) holds exactly for these empirical quantities, with
+    the "average risk of undetected failures" of [1], with
     :math:`\mathrm{AUROC}_f` the Mann-Whitney AUROC of separating correct
-    from wrong predictions by confidence (ties count half). Tied
-    confidences: the curve is linear inside a tie group, i.e. every tied
-    row gets the mean weight of the positions the group occupies (the
-    expectation over orderings of the ties, as :func:`aurc`; the released
-    ``RiskCoverageStats`` of [1] interpolates linearly between distinct
-    thresholds, which is the same). Lower is better; range [0, 1/2].
+    from wrong predictions by confidence (ties count half). Tied rows get the
+    mean weight of the positions their group occupies (as :func:`aurc`).
+    Lower is better.
 
     Args:
       probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
@@ -123,8 +94,7 @@ def augrc(
       labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       where: optional bool ``[N]``; ``False`` rows are excluded.
       from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
-        float32), read without a softmax of the whole array (``docs/metrics.md``,
-        "Logits and top-label rows in").
+        float32; ``docs/metrics.md``, "Logits and top-label rows in").
 
     Returns:
       float32 scalar in [0, 0.5].
@@ -195,12 +165,9 @@ def risk_at_coverage(
 
     The :math:`k = \lceil \mathrm{coverage}\cdot N \rceil` most confident rows
     are accepted (the smallest set covering at least that fraction) and the
-    result is their error rate :math:`E_k / k`, the selective risk of
-    [1] at that coverage. A tie group that straddles position :math:`k`
-    contributes its error rate times the number of its rows accepted (the
-    expectation over orderings of the ties, as :func:`aurc`), so the value
-    does not depend on the row order. ``coverage=1`` is the error rate
-    ``1 - accuracy``.
+    result is their error rate :math:`E_k / k`, the selective risk of [1]; a
+    tie group straddling position :math:`k` contributes its error rate per
+    accepted row (as :func:`aurc`). ``coverage=1`` is ``1 - accuracy``.
 
     Args:
       probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
@@ -213,8 +180,7 @@ def risk_at_coverage(
       where: optional bool ``[N]``; ``False`` rows are excluded (``N`` counts
         the included rows).
       from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
-        float32), read without a softmax of the whole array (``docs/metrics.md``,
-        "Logits and top-label rows in").
+        float32; ``docs/metrics.md``, "Logits and top-label rows in").
 
     Returns:
       float32 scalar in [0, 1].
@@ -274,15 +240,10 @@ def coverage_at_risk(
         \mathrm{risk}\Big\},
 
     with :math:`E_k` the expected number of errors among the :math:`k` most
-    confident rows (ties resolved by expectation, as :func:`aurc` and
-    :func:`risk_at_coverage`). Every :math:`k` is considered, not only the
-    first one crossing the target (selective risk need not be monotone in
-    coverage); the result is the coverage of the largest such :math:`k`,
-    the working point of the largest accepted set whose empirical error rate
-    meets the target ([1]). If no :math:`k` qualifies (the target is below
-    the risk of every non-empty selection) the result is 0. A risk within
-    :math:`10^{-6}` above the target counts as meeting it (float32
-    round-off of :math:`E_k / k`).
+    confident rows (ties by expectation, as :func:`aurc`). Every :math:`k` is
+    considered (selective risk need not be monotone in coverage); the result
+    is 0 when no :math:`k` qualifies. A risk within :math:`10^{-6}` above the
+    target counts as meeting it (float32 round-off of :math:`E_k / k`).
 
     Args:
       probs: float ``[N, K]`` rows on the probability simplex; ``[N, K]``
@@ -293,8 +254,7 @@ def coverage_at_risk(
         concrete); ``risk=1`` gives coverage 1.
       where: optional bool ``[N]``; ``False`` rows are excluded.
       from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
-        float32), read without a softmax of the whole array (``docs/metrics.md``,
-        "Logits and top-label rows in").
+        float32; ``docs/metrics.md``, "Logits and top-label rows in").
 
     Returns:
       float32 scalar in [0, 1].

@@ -1,29 +1,6 @@
-r"""The metrics' extras to the checking contract of :mod:`calib_jax._checks`.
-
-Two layers:
-
-- *static* checks (ranks, shapes, dtypes, option values) run whenever a
-  metric is called, also while it is being traced under ``jax.jit``;
-- *value* checks (NaN/inf, rows off the probability simplex, labels out of
-  range, no included row) run only when the arrays are concrete, i.e. in
-  eager host code. Under ``jax.jit`` the inputs are tracers and the value
-  checks are skipped: the jitted cores never inspect values, so the same
-  function works in a traced training or eval step without host syncs.
-
-The value checks are fused: :func:`evaluate` runs one compiled program that
-computes the metric and :func:`probs_summary` together (one dispatch, the
-summary costs one row sum of ``probs``), then raises on the host. The
-summary is a *screen*: every included row whose entries are all ``>= 0`` and
-whose sum lies within ``tol`` of 1 passes it; when any row does not, the
-exact summary of the old two-pass check (:func:`explain`) runs to find the
-first problem and word the message, so the messages are unchanged.
-
-Probabilities must lie on the probability simplex: every entry in
-``[0, 1 + tol]`` and the row summing to 1 within ``tol = max(1e-3,
-eps(dtype))`` (``eps`` is 2**-7 for bfloat16, so bf16 probabilities pass).
-Logits go in with ``from_logits=True`` and top-label rows as
-``TopLabelRows``; their checks are in :mod:`calib_jax.metrics._inputs`.
-"""
+r"""The metrics' input checks: static ones always, value ones only on concrete arrays,
+fused into the metric's compiled call (:func:`evaluate`); a failed screen is worded
+by the exact :func:`explain` (``docs/metrics.md``, "Inputs, checks and jit")."""
 
 from __future__ import annotations
 
@@ -43,7 +20,7 @@ K_HINT = " (for one probability per row use [1 - p, p] or BinnedStats.from_confi
 
 
 def simplex_tolerance(dtype) -> float:
-    """Allowed ``|row sum - 1|`` for probabilities of ``dtype``."""
+    """Allowed ``|row sum - 1|``: ``max(1e-3, eps(dtype))`` (bf16 rows pass)."""
     return max(SIMPLEX_ATOL, float(jnp.finfo(dtype).eps))
 
 
@@ -59,24 +36,9 @@ def check_p(p, allowed=(1, 2)) -> float:
 
 
 def check_probs_labels(probs, labels, where=None, *, values: bool = True):
-    """Static and (when concrete) value checks of ``(probs, labels, where)``.
-
-    Args:
-      probs: float ``[N, K]`` probabilities (rows on the simplex).
-      labels: int ``[N]`` class ids in ``[0, K)``.
-      where: optional bool ``[N]``; ``False`` rows are excluded and not checked.
-      values: whether to check the values of concrete inputs here (a compiled
-        call of its own). :func:`evaluate` passes False: it computes the
-        summary inside the metric's own compiled call.
-
-    Returns:
-      ``(probs, labels, where)`` as JAX arrays (``where`` may stay None).
-
-    Raises:
-      TypeError: non-floating probs, non-integer labels, non-bool where.
-      ValueError: bad shapes, N = 0, K < 2, and for concrete inputs NaN/inf, rows off
-        the simplex, labels out of range or a mask excluding every row.
-    """
+    """Checked ``(probs, labels, where)``; with ``values`` (False from
+    :func:`evaluate`, which checks in the metric's call) and concrete inputs,
+    the value checks too."""
     probs, labels, where = _checks.check_scores_labels(
         probs,
         labels,
@@ -91,29 +53,17 @@ def check_probs_labels(probs, labels, where=None, *, values: bool = True):
 
 
 def probs_summary(probs, labels, where, sums=None):
-    """The value screen of ``(probs, labels, where)`` (traceable, three scalars).
-
-    Returns ``(included, suspect, bad_labels)``: the number of included rows,
-    the number of included rows that fail the screen (an entry below 0, NaN
-    or inf, or a row sum off 1 by more than the tolerance minus a margin for
-    the order of summation) and the number of included labels outside
-    ``[0, K)``.
-
-    Args:
-      probs, labels, where: the checked inputs.
-      sums: the row sums of :func:`_common.screen_values` when the metric
-        computed them in its own read of ``probs`` (``top_label(...,
-        screen=True)``); otherwise one reduction computes them here.
-    """
+    """``(included, suspect, bad_labels)`` counts: suspect rows have an entry below
+    0, NaN/inf, or a row sum off 1 by more than the tolerance minus a margin.
+    ``sums``: the metric's own screened row sums, if it has them (traceable)."""
     n, k = probs.shape
     valid = jnp.ones((n,), bool) if where is None else where
     x = _common.as_float(probs)
     tol = simplex_tolerance(probs.dtype)
     screen = tol - min(2.0 * k * float(jnp.finfo(x.dtype).eps), 0.5 * tol)
     if sums is None:
-        # The fused (key, sum) reduction of top_label, its row maxima used too
-        # (redundantly) so that the key stays in the reduction: a row sum of
-        # the screened values alone does not vectorise on XLA:CPU (10x slower).
+        # top_label's fused (key, sum) reduction: a row sum of the screened
+        # values alone does not vectorise on XLA:CPU.
         conf, _, sums = _common.top_label(x, labels, screen=True)
         sums = jnp.where(conf <= 1.0 + tol, sums, jnp.nan)
     # An entry below 0, NaN or inf makes the row sum NaN or huge; an entry
@@ -127,12 +77,8 @@ _summary_jit = jax.jit(probs_summary)
 
 
 def raise_for_summary(summary, probs, labels, where) -> None:
-    """Raises the one-line ValueError that a :func:`probs_summary` calls for.
-
-    A row that failed the screen is explained by :func:`explain` (which may
-    find nothing: a ``-0.0`` entry or a row sum within the tolerance that the
-    screen's margin sent there).
-    """
+    """Raises the one-line ValueError that a :func:`probs_summary` calls for
+    (:func:`explain` may find nothing: the screen's margin is conservative)."""
     included, suspect, bad_labels = (int(v) for v in jax.device_get(summary))
     if included == 0:
         raise ValueError(
@@ -169,11 +115,8 @@ def _explain_summary(probs, labels, where, num_classes):
 
 
 def explain(probs, labels, where) -> None:
-    """Raises the ValueError for the first problem of concrete inputs, if any.
-
-    The order: NaN/inf rows, entries outside ``[0, 1 + tol]``, rows off the
-    simplex, labels out of range.
-    """
+    """Raises the ValueError for the first problem of concrete inputs, if any:
+    NaN/inf, entries outside ``[0, 1 + tol]``, rows off the simplex, labels."""
     k = probs.shape[1]
     out = jax.device_get(_explain_summary(probs, labels, where, k))
     nonfinite, first_nonfinite, low, high, err, worst, worst_sum, n_bad, first_bad = out
@@ -209,24 +152,9 @@ def _with_summary(core, probs, labels, where, operands, static, screened):
 
 
 def evaluate(core, probs, labels, where, *static, screened=False, operands=()):
-    """``core(probs, labels, where, *operands, *static)`` with the value
-    checks fused in.
-
-    Concrete inputs run one compiled program, the metric and
-    :func:`probs_summary` together, fetch both in one transfer
-    (:func:`calib_jax._checks.fetch`) and raise from the summary; traced
-    inputs (an outer ``jax.jit``) call ``core`` alone, unchecked.
-
-    Args:
-      core: the metric's jitted core (a module-level function; hashable).
-      probs, labels, where: checked by :func:`check_probs_labels` with
-        ``values=False``.
-      *static: the core's static arguments (hashable).
-      screened: whether ``core`` takes a last static ``screen`` flag and then
-        returns ``(value, sums)``, the screen's row sums from its own read of
-        ``probs`` (or None).
-      operands: further array arguments of ``core`` (e.g. a PRNG key).
-    """
+    """``core(probs, labels, where, *operands, *static)``, with concrete inputs
+    checked in the same program (``screened``: ``core`` takes a last static
+    ``screen`` flag and returns ``(value, row sums or None)``)."""
     if not _checks.is_concrete(probs, labels, where, *operands):
         return core(probs, labels, where, *operands, *static)
     operands = tuple(operands)

@@ -1,8 +1,5 @@
-r"""Calibration errors without a fixed bin count: KS error and monotonic sweep.
-
-Both sort the top-label confidences of the whole split (collect the split
-once, then call them).
-"""
+r"""Calibration errors without a fixed bin count: KS error and monotonic sweep (both
+sort the split's top-label confidences: collect the split, then call)."""
 
 from __future__ import annotations
 
@@ -67,8 +64,7 @@ def ks_error(
       labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       where: optional bool ``[N]``; ``False`` rows are excluded.
       from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
-        float32), read without a softmax of the whole array (``docs/metrics.md``,
-        "Logits and top-label rows in").
+        float32; ``docs/metrics.md``, "Logits and top-label rows in").
 
     Returns:
       float32 scalar in [0, 1].
@@ -195,8 +191,7 @@ def sweep_ece(
         ``O(b^* * max_bins)`` after the sort.
       where: optional bool ``[N]``; ``False`` rows are excluded.
       from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
-        float32), read without a softmax of the whole array (``docs/metrics.md``,
-        "Logits and top-label rows in").
+        float32; ``docs/metrics.md``, "Logits and top-label rows in").
 
     Returns:
       float32 scalar.

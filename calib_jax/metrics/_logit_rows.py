@@ -1,13 +1,6 @@
-r"""Row reductions of logits: the per-row quantities the metrics need from
-``[N, K]`` logits (row maximum, :math:`s = \sum_k e^{z_k - m}`, the label's
-logit, the per-row Brier score, finiteness) without a float32 softmax of the
-whole array. Traceable, no checks (:mod:`calib_jax.metrics._inputs` checks
-and dispatches).
-
-On the CPU the reductions run over blocks of rows (:func:`by_row_blocks`),
-so no float32 copy of the ``[N, K]`` logits is written; elsewhere XLA fuses
-them into one read.
-"""
+r"""Per-row reductions of ``[N, K]`` logits (row maximum, :math:`s = \sum_k
+e^{z_k - m}`, the label's logit, Brier row, finiteness) without a float32 softmax of
+the whole array; traceable, unchecked (:mod:`calib_jax.metrics._inputs` checks)."""
 
 from __future__ import annotations
 
@@ -19,23 +12,15 @@ from jax import lax
 
 from calib_jax.metrics import _common
 
-# Elements of a block of rows on the CPU: XLA:CPU writes a float32 copy of
-# an upcast or exponentiated [N, K] operand that several row reductions share
-# (measured: 67 MB of temporaries for bf16 logits [512, 32768], 2-3 copies),
-# so there the reductions run over blocks of rows of about 2**20 entries
-# (4 MB per float32 temporary); elsewhere XLA fuses them into one read.
+# Entries of a block of rows on the CPU, where XLA writes a float32 copy of an
+# upcast [N, K] operand that several row reductions share; elsewhere XLA fuses.
 _BLOCK_ELEMENTS = 1 << 20
 
 
 def by_row_blocks(fn, x, labels):
-    """``fn(x, labels)`` (row-wise, a pytree of ``[N]`` arrays) over blocks
-    of rows on the CPU, whole elsewhere (``lax.platform_dependent``).
-
-    With more than one device the rows are first cut into
-    ``gcd(N, jax.device_count())`` contiguous chains, each looped over on its
-    own (``vmap`` of the block loop): rows sharded over devices stay where
-    they are, where one loop over every row's slices would gather them.
-    """
+    """``fn(x, labels)`` (row-wise, a pytree of ``[N]``) over blocks of rows on
+    the CPU, whole elsewhere; over ``gcd(N, jax.device_count())`` contiguous
+    chains (vmapped), so rows sharded over devices stay where they are."""
     n, k = x.shape
     chains = math.gcd(n, jax.device_count())
     rows = n // chains
@@ -88,13 +73,9 @@ def _reductions(logits, labels):
 
 
 def logit_reductions(logits, labels):
-    """``(m, s, z_y, before)`` per row, float32 ``[N]`` each.
-
-    ``m`` the row maximum, ``s = sum_k exp(z_k - m)``, ``z_y`` the logit of
-    the label and ``before`` the largest logit of a class before the label
-    (``-inf`` for label 0). Row reductions only, over blocks of rows on the
-    CPU, so no float32 ``[N, K]`` array is kept.
-    """
+    """``(m, s, z_y, before)`` per row, float32 ``[N]`` each: the row maximum,
+    ``sum_k exp(z_k - m)``, the label's logit and the largest logit of a class
+    before the label (``-inf`` for label 0)."""
     return by_row_blocks(_reductions, logits, labels.astype(jnp.int32))
 
 
@@ -105,9 +86,8 @@ def label_log_prob(logits, labels):
 
 
 def _exp_sums(logits, labels):
-    """``(z, k, y, m, e, s, sq)`` of a block: the float32 logits, class ids,
-    labels ``[n, 1]``, row maximum, ``e^{z - m}``, its row sum and row sum of
-    squares (what the Brier row and the fused pass share)."""
+    """``(z, k, y, m, e, s, sq)``: float32 logits, class ids, labels ``[n, 1]``,
+    row maximum, ``e^{z - m}``, its row sum and row sum of squares."""
     z = _common.as_float(logits)
     k = lax.broadcasted_iota(jnp.int32, z.shape, 1)
     y = labels[:, None]
@@ -145,33 +125,16 @@ def _fused(logits, labels):
     # is finite (one multiply-add in this loop; isfinite costs a loop of its
     # own on XLA:CPU).
     zeros = jnp.sum(z * 0.0, axis=1)
-    # _brier's row, its label term exp(z_y - m) of the label's logit (the
-    # one nonzero term of _brier's sum).
+    # _brier's row, its label term from the label's logit.
     brier = _brier_of(sq, s, jnp.exp(z_y - m))
     return m, s, z_y, before, brier, zeros == 0.0
 
 
 def fused_rows(logits, labels):
-    r"""Every per-row quantity of the streamed summary from one pass over
-    the logits: one row maximum :math:`m`, one exponential per logit.
-
-    Returns ``(conf, correct, log_p, brier, finite)``, ``[N]`` each:
-    the top-label confidence :math:`1/s` and correctness of
-    :func:`calib_jax.metrics._inputs.rows_from_logits` (the same ``m``,
-    ``s``, ``z_y`` and ``before`` reductions, so the same bits), the label's
-    log-probability :math:`(z_y - m) - \log s` (as :func:`label_log_prob`),
-    the Brier score :math:`\sum_k e^{2(z_k - m)} / s^2 - 2 e^{z_y - m} / s + 1`
-    (:func:`brier_rows`' expression, equal to it up to float32 rounding:
-    XLA:CPU adds ``s`` in another order inside ``_brier``'s loop than inside
-    ``_reductions``' or this one, a last-ulp difference in about half the
-    rows of a bf16 ``[1024, 50257]`` chunk) and whether every logit of the
-    row is finite. Over blocks of
-    rows on the CPU, where the three separate passes would each take their
-    own row maximum and exponentials (``benchmarks/RESULTS.md``, "Large
-    label spaces"). The confidence's own reductions stay separate sums: one
-    variadic reduction of every sum would add in another order (other bits
-    of :math:`1/s`) and XLA:CPU does not vectorise it.
-    """
+    r"""``(conf, correct, log_p, brier, finite)`` per row from one pass (one row
+    maximum, one exponential per logit). ``conf`` and ``correct`` are the bits
+    of ``_inputs.rows_from_logits`` (the same separate reductions); ``brier``
+    equals :func:`brier_rows` up to float32 summation order."""
     m, s, z_y, before, brier, finite = by_row_blocks(
         _fused, logits, labels.astype(jnp.int32)
     )

@@ -1,23 +1,5 @@
-r"""Order statistics without a sort, for the ``'rank'`` equal-mass bins.
-
-The ``'rank'`` rule (``_adaptive.py``) puts a confidence :math:`v` in the
-group of its first occurrence in the sorted order, i.e. of
-:math:`L(v) = \#\{i : s_i < v\}`. Group :math:`j` starts at rank
-:math:`R_j`, so
-
-.. math::
-
-    b(v) = \#\{\, j \in 1..M-1 : L(v) \ge R_j \,\}
-         = \#\{\, j \in 1..M-1 : v > s_{(R_j - 1)} \,\},
-
-where :math:`s_{(r)}` is the ``r``-th smallest included confidence
-(0-based): at least :math:`R_j` values are below :math:`v` exactly when the
-:math:`R_j`-th smallest is. The bins therefore need only the ``M - 1`` order
-statistics :math:`s_{(R_j - 1)}`, which a radix select on the float32 bit
-patterns gives exactly (non-negative floats order like their bits): three
-passes over 11-bit digits, each one scatter-add over the ``N`` rows into
-small histograms; no sort, no ``[N, M]`` intermediate.
-"""
+r"""Exact order statistics without a sort (radix select on the float32 bits), for
+the ``'rank'`` equal-mass bins of ``_adaptive.py``."""
 
 from __future__ import annotations
 
@@ -29,9 +11,7 @@ from jax import lax
 
 from calib_jax.metrics import _conventions
 
-# Three passes over 11-bit digits, most significant first (the first digit
-# holds the top 10 bits). Small digits keep the per-pass histograms small
-# (2 x 2048 x (M - 1) counts).
+# Three passes over 11-bit digits (small histograms), most significant first.
 _WIDTH = 11
 _SHIFTS = (22, 11, 0)
 
@@ -42,12 +22,8 @@ def count_below(x: jax.Array, table: jax.Array) -> jax.Array:
 
 
 def _pick_digit(counts, local, unroll):
-    """Per row of ``counts``, the digit holding rank ``local``.
-
-    The digit is the largest ``x`` with ``S(x) = sum(counts[:x]) <= local``
-    (clamped to the last digit), found bit by bit from the top; returns it
-    and ``S(x)``, the count of rows in the digits before it.
-    """
+    """Per row of ``counts``, ``(x, S(x))``: the largest digit ``x`` with
+    ``S(x) = sum(counts[:x]) <= local`` (clamped to the last), bit by bit."""
     r, size = counts.shape
     digits = lax.broadcasted_iota(jnp.int32, (r, size), 1)
 
@@ -63,27 +39,10 @@ def _pick_digit(counts, local, unroll):
 
 
 def order_statistics(bits: jax.Array, valid: jax.Array, ranks: jax.Array) -> jax.Array:
-    """The ``ranks``-th smallest of the included ``bits`` (exact, no sort).
+    """uint32 ``[R]``: the ``ranks``-th smallest of the ``valid`` uint32 ``bits``.
 
-    Radix select, most significant digit first: each pass histograms the next
-    digit of the rows whose higher digits match a wanted rank's prefix (one
-    histogram per distinct prefix; ranks sharing a prefix share it) and picks
-    the digit where the rank's cumulative count falls.
-
-    Args:
-      bits: uint32 ``[N]`` keys.
-      valid: bool ``[N]``; only these rows count.
-      ranks: int32 ``[R]``, ascending, each in ``[0, n)`` with ``n`` the
-        number of included rows.
-
-    Returns:
-      uint32 ``[R]``.
-
-    On the CPU the passes, and the digit search inside a pass, run as loops,
-    so XLA compiles each body once: about 0.2 s less compilation on a first
-    call at a new shape than unrolled, at the same run time. Elsewhere they
-    are unrolled: the TPU compile of the loops accesses about twice the
-    bytes (``benchmarks/RESULTS.md``).
+    ``ranks``: int32 ``[R]``, ascending, in ``[0, n)``. Radix select: each pass
+    histograms the next digit of the rows matching a wanted rank's prefix.
     """
     return lax.platform_dependent(
         bits,
@@ -124,22 +83,15 @@ def _radix_select(bits, valid, ranks, *, unroll):
 
 
 def rank_bins(conf: jax.Array, valid: jax.Array, num_bins: int) -> jax.Array:
-    """Equal-mass bin of every confidence under the ``'rank'`` rule.
+    r"""Equal-mass bin of every confidence under the ``'rank'`` rule.
 
-    Same bins as sorting and cutting the sorted values (``_adaptive``), from
-    the ``M - 1`` group-start order statistics.
+    The bins of sorting and cutting (``_adaptive``), exactly: a value :math:`v`
+    is in bin :math:`\#\{j \in 1..M-1 : v > s_{(R_j - 1)}\}`, :math:`R_j` the
+    start rank of group :math:`j`, :math:`s_{(r)}` the ``r``-th smallest
+    (selected on the bits: non-negative floats order like their bits).
+    Returns int32 ``[N]`` in ``[0, M)``, ``-1`` for excluded rows.
 
-    Args:
-      conf: float ``[N]`` confidences in [0, 1] (compared as float32).
-      valid: bool ``[N]`` included rows.
-      num_bins: static ``M``.
-
-    Returns:
-      int32 ``[N]`` in ``[0, M)``; ``-1`` for excluded rows.
-
-    Kernel family ``'metric_radix_select'`` (:mod:`calib_jax.kernels`): the
-    plain formulation sorts and cuts (``_adaptive._rank_stats_sort``); float64
-    reference ``_sorted_cut_bins`` in ``tests/metrics/test_order_statistics.py``.
+    Kernel family ``'metric_radix_select'`` (plain form ``_adaptive.rank_stats``).
     """
     m = num_bins
     bits = lax.bitcast_convert_type(conf.astype(jnp.float32) + 0.0, jnp.uint32)

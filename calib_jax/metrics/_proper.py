@@ -1,8 +1,5 @@
-r"""Proper scoring rules and accuracy: Brier score, NLL, top-1 accuracy.
-
-All three are means of per-row values, so their mergeable statistic is a
-(sum, count) pair; the functions here return the mean over included rows.
-"""
+r"""Proper scoring rules and accuracy: Brier score, NLL, top-1 accuracy (means of
+per-row values over the included rows)."""
 
 from __future__ import annotations
 
@@ -66,10 +63,7 @@ def brier(
         = \frac{1}{N}\sum_i \Big(\sum_k p_{ik}^2 - 2 p_{iy_i} + 1\Big),
 
     Def. A.2 (Eq. (19)) of [1]; summed over classes (range [0, 2]), not
-    divided by ``K``. From logits (``from_logits=True``) the row reductions
-    :math:`\sum_k p_{ik}^2 = \sum_k e^{2(z_{ik} - m_i)} / s_i^2` and
-    :math:`p_{iy_i} = e^{z_{iy_i} - m_i} / s_i`, :math:`s_i = \sum_k
-    e^{z_{ik} - m_i}`, with no ``[N, K]`` array kept.
+    divided by ``K``.
 
     Args:
       probs: float ``[N, K]`` rows on the probability simplex, or ``[N, K]``
@@ -124,12 +118,9 @@ def nll(
     (about 87.3) instead of inf.
 
     From logits (``from_logits=True``) each row is
-    :math:`\mathrm{LSE}(z_i) - z_{iy_i} = (m_i - z_{iy_i}) + \log\sum_k
-    e^{z_{ik} - m_i}`, :math:`m_i = \max_k z_{ik}`: it equals the value of
-    probabilities in (``jax.nn.softmax``) within float32 rounding (1e-6
-    relative in tests), except where the softmax underflows (a label logit
-    more than about 87 below the row's maximum), where probabilities in
-    clamp at 87.3 and logits in stay exact and finite.
+    :math:`\mathrm{LSE}(z_i) - z_{iy_i}`: the value of the softmax's
+    probabilities to float32 rounding, except that a label logit more than
+    about 87 below the row's maximum stays exact instead of clamping.
 
     Args:
       probs: float ``[N, K]`` rows on the probability simplex, or ``[N, K]``
@@ -190,8 +181,7 @@ def accuracy(
       labels: int ``[N]`` class ids in ``[0, K)``; None with top-label rows.
       where: optional bool ``[N]``; ``False`` rows are excluded.
       from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
-        float32), read without a softmax of the whole array (``docs/metrics.md``,
-        "Logits and top-label rows in").
+        float32; ``docs/metrics.md``, "Logits and top-label rows in").
 
     Returns:
       float32 scalar.

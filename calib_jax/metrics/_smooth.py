@@ -64,13 +64,9 @@ def _check_bandwidth(bandwidth):
 
 
 def _spectrum(masses):
-    """Real FFT of the even extension of grid masses ``[M, C]`` (doubled ends).
-
-    The circle of ``L = 2(M - 1)`` points holds ``2 rho_0``, ``rho_1``, ...,
-    ``2 rho_{M-1}``, ``rho_{M-2}``, ..., ``rho_1``: the kernel sum
-    ``sum_k rho_k [g(t_j - t_k) + g(t_j + t_k)]`` is then one circular
-    convolution with the period-2 Gaussian ``g``.
-    """
+    """Real FFT of grid masses ``[M, C]`` extended evenly to a circle of ``2(M - 1)``
+    points, ends doubled: the reflected kernel sum is then one circular convolution
+    with the period-2 Gaussian."""
     inner = masses[1:-1]
     ext = jnp.concatenate(
         [2.0 * masses[:1], inner, 2.0 * masses[-1:], inner[::-1]], axis=0
@@ -79,11 +75,9 @@ def _spectrum(masses):
 
 
 def _smoothed(spectrum, sigma, num_points):
-    r"""Smoothed densities ``s(t_j) = sum_k rho_k K^R_sigma(t_j, t_k)``, ``[M, C]``.
-
-    Exact: the reflected Gaussian is diagonal in the cosine basis, and the DFT of
-    the sampled period-2 Gaussian is ``(L / 2) exp(-sigma^2 pi^2 omega^2 / 2)``.
-    """
+    r"""Smoothed densities ``s(t_j) = sum_k rho_k K^R_sigma(t_j, t_k)``, ``[M, C]``
+    (exact: the DFT of the sampled period-2 Gaussian is ``(L / 2) exp(-sigma^2
+    pi^2 omega^2 / 2)``)."""
     length = 2 * (num_points - 1)
     omega = jnp.arange(spectrum.shape[0], dtype=jnp.float32)
     gain = (0.5 * length) * jnp.exp(-0.5 * (sigma * jnp.pi * omega) ** 2)
@@ -194,8 +188,7 @@ def smooth_ece(
     r"""Smooth ECE: ECE of the kernel-smoothed residuals, at the fixed-point scale.
 
     With predictions :math:`f_i \in [0, 1]`, outcomes :math:`y_i \in \{0,
-    1\}` and the Gaussian kernel :math:`K^R_\sigma` reflected at 0 and 1 (the
-    kernel [1] uses for predictions confined to [0, 1]),
+    1\}` and the Gaussian kernel :math:`K^R_\sigma` reflected at 0 and 1,
 
     .. math::
 
@@ -236,8 +229,7 @@ def smooth_ece(
         scale).
       where: optional bool ``[N]``; ``False`` rows are excluded.
       from_logits: static bool; ``probs`` holds logits (bf16, fp16 or
-        float32), read without a softmax of the whole array (``docs/metrics.md``,
-        "Logits and top-label rows in").
+        float32; ``docs/metrics.md``, "Logits and top-label rows in").
       convention: ``'exact'`` (default) or ``'relplot'``: ``relplot.smECE``
         1.0.3 as released ([2]; its grids, its reflection that keeps half the
         kernel mass of a prediction at exactly 0 or 1, its 10-step search);
@@ -249,9 +241,8 @@ def smooth_ece(
 
     References:
       [1] J. Błasiok, P. Nakkiran, "Smooth ECE: Principled Reliability
-      Diagrams via Kernel Smoothing", ICLR 2024, arXiv:2309.12236v1: the
-      definitions of smECE_sigma (kernel-smoothed residual), the reflected
-      Gaussian kernel and SmoothECE = smECE at the fixed point sigma*.
+      Diagrams via Kernel Smoothing", ICLR 2024, arXiv:2309.12236v1
+      (smECE_sigma, the reflected kernel, SmoothECE at the fixed point).
       [2] ``relplot``, the package released with [1]
       (github.com/apple/ml-calibration, ``src/relplot/metrics.py``,
       ``smECE_fast``; ``kernels.py``, ``smooth_round_to_grid``).

@@ -27,12 +27,9 @@ def predictions(probs, labels, target):
 
 
 def deposit(u, top, columns, size):
-    """Linear ("smooth") rounding of point masses to a grid, ``[size, C]``.
-
-    Sample ``i`` at grid position ``u_i`` puts ``(1 - frac) v_i`` on point
-    ``lo = floor(u_i)`` (clipped to ``[0, top - 1]``) and ``frac v_i`` on
-    ``lo + 1``, for each ``[N]`` column ``v``.
-    """
+    """Linear rounding of masses to a grid, ``[size, C]``: ``u_i`` puts ``(1 - frac)
+    v_i`` on ``lo = floor(u_i)`` (clipped to ``[0, top - 1]``) and ``frac v_i`` on
+    ``lo + 1``, for each ``[N]`` column ``v``."""
     lo = jnp.clip(jnp.floor(u), 0.0, top - 1.0)
     frac = u - lo
     idx = jnp.concatenate([lo, lo + 1.0]).astype(jnp.int32)
@@ -66,22 +63,13 @@ def _traced_sizes(sigma):
 def _relplot_smece_at(f, columns, sigma, sizes, e_max, t_max):
     """relplot's ``smooth_ece(f, y, sigma)`` on grids of dynamic sizes.
 
-    ``columns`` holds the residual ``f - y`` and ones (``[N]`` each, masked
-    rows zero); ``sizes = (E, T)`` (int32, at most the static ``e_max`` and
-    ``t_max``). Steps, each as relplot 1.0.3 (``kernels.py``):
-
-    1. ``smooth_round_to_grid``: ``f (E - 1)`` in float32 (relplot
-       multiplies the float32 confidences by a Python int), its floor
-       clipped to ``[0, E - 2]`` and the fraction split linearly.
-    2. ``ReflectedGaussianKernel.convolve``: the grid values extended by
-       one mirror image at each end *without repeating the end points*
-       (``flip(v)[:-1], v, flip(v)[1:]``), correlated with the Gaussian
-       sampled at ``j/(E-1) - 1/2``, ``j < E`` (cut at distance 1/2, not
-       normalised), and the ``E`` outputs from ``E // 2`` taken (a half
-       grid step off centre when ``E`` is even). Here by one FFT of size
-       ``4 e_max``.
-    3. ``interpolate`` linearly to ``T`` points ``i/(T-1)``; the value is
-       ``sum |smoothed residual| / sum (smoothed count + 1e-4)``.
+    ``columns``: the residual ``f - y`` and ones (masked rows zero); ``sizes =
+    (E, T)`` int32, at most the static ``e_max``, ``t_max``. As relplot 1.0.3
+    (``kernels.py``): float32 rounding of ``f (E - 1)`` to the grid; the grid
+    mirrored once at each end *without repeating the end points*, correlated
+    (one FFT) with the Gaussian sampled at ``j/(E-1) - 1/2``, ``j < E``, and
+    ``E`` outputs taken from ``E // 2``; linear interpolation to ``T`` points;
+    ``sum |smoothed residual| / sum (smoothed count + 1e-4)``.
     """
     e, t = sizes
     e1 = (e - 1).astype(jnp.float32)

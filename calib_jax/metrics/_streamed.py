@@ -42,24 +42,9 @@ def _per_row(probs, labels):
 
 @functools.partial(jax.jit, static_argnums=(4, 5, 6, 7))
 def chunk_step(stats, x, labels, valid, num_bins, convention, from_logits, classwise):
-    """The statistics of one chunk (pure; compiled once per chunk shape).
-
-    Args:
-      stats: the running class-wise :class:`~calib_jax.metrics.BinnedStats`
-        (``[K, S]`` tables; ``None`` without ``classwise``).
-      x: float ``[R, K]`` logits or probabilities.
-      labels: int32 ``[R]``.
-      valid: bool ``[R]``; False on the padding rows of the last chunk.
-      num_bins, convention: static, of the class-wise bins.
-      from_logits: static; ``x`` are logits (bf16, fp16 or float32).
-      classwise: static; accumulate the class-wise statistics.
-
-    Returns:
-      ``(stats, rows, sums, checks)``: ``stats`` merged with this chunk's;
-      ``rows = (conf [R], correct bool [R])``; ``sums = (nll, brier)`` float32
-      sums over included rows; ``checks = (count, first)`` of included rows
-      failing the value checks (NaN/inf logits; the probabilities' screen).
-    """
+    """One chunk's ``(stats, (conf, correct), (nll, brier), (count, first))``:
+    class-wise ``stats`` (or None) merged with its own, float32 sums over
+    ``valid`` rows, and the included rows failing the value checks."""
     dtype = x.dtype
     if from_logits:
         # The confidence and correctness bits of every metric's from_logits=True.

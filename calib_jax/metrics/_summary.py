@@ -1,11 +1,5 @@
-r"""The metrics every report shows, in one call: :func:`summary`.
-
-:data:`SUMMARY_METRICS` is the one list of reported metrics. The trainer logs
-the :data:`SPLIT_METRICS` subset for every evaluation set, the post-hoc CLI
-prints it for every method, and the benchmark writes every key of
-:data:`SUMMARY_METRICS` into its result rows and derives its report's columns
-from the same table.
-"""
+r"""The metrics every report shows, in one call: :func:`summary` over the one list
+:data:`SUMMARY_METRICS` (trainer, post-hoc CLI and benchmark read it)."""
 
 from __future__ import annotations
 
@@ -81,8 +75,7 @@ SUMMARY_METRICS: dict[str, SummaryMetric] = {
     )
 }
 
-# The metrics of every evaluation set of a training run and of the post-hoc
-# CLI's tables, in their order.
+# The metrics of every evaluation set of a run and of the post-hoc CLI's tables.
 SPLIT_METRICS = ("accuracy", "nll", "ece", "adaptive_ece", "classwise_ece", "brier")
 
 
@@ -91,14 +84,7 @@ def summary_functions(
 ) -> dict[str, Callable]:
     """``{key: fn(probs, labels, *, where=None)}`` of every :data:`SUMMARY_METRICS` key.
 
-    Cached, so that callers that key a compilation on the functions (such as
-    :func:`calib_jax.metrics.bootstrap`) get the same objects on every call.
-    A metric without options is the registered function itself.
-
-    Args:
-      num_bins: bins of the binned metrics.
-      from_logits: the functions take ``[N, K]`` logits (every metric's
-        ``from_logits=True``).
+    Cached, so callers that key a compilation on them get the same objects.
     """
     return _functions(num_bins, _checks.check_bool("from_logits", from_logits))
 
@@ -140,8 +126,7 @@ def summary(
 
     Every value is the public metric of :data:`SUMMARY_METRICS` with its
     convention, so ``summary(p, y)["ece"]`` is ``metrics.ece(p, y)`` bit for
-    bit (the metrics trace into one program; eagerly the inputs are checked
-    in it and values and checks reach the host in one transfer). With
+    bit (one program, one transfer). With
     :math:`c_i = \max_k p_{ik}`, :math:`\hat y_i` the first arg-max and bins
     :math:`B_m`:
 
@@ -172,10 +157,8 @@ def summary(
         of :data:`SUMMARY_METRICS`, in its order).
       where: optional bool ``[N]``; ``False`` rows are excluded.
       from_logits: static bool, ``probs`` holds ``[N, K]`` logits (bf16, fp16
-        or float32); every metric computes from them without a softmax of
-        the whole array (``docs/metrics.md``, "Logits and top-label rows
-        in"). A :class:`~calib_jax.metrics.TopLabelRows` with ``labels=None``
-        serves the top-label names only.
+        or float32; ``docs/metrics.md``, "Logits and top-label rows in"). A
+        :class:`~calib_jax.metrics.TopLabelRows` serves the top-label names only.
 
     Returns:
       ``{key: float32 scalar}``. Jittable (``num_bins`` and ``names``
@@ -212,8 +195,7 @@ def summary(
     names = check_names(tuple(SUMMARY_METRICS) if names is None else names)
     form = _inputs.input_form(probs, labels, from_logits=from_logits, metric="summary")
     if form != _inputs.PROBS:
-        # Logits or top-label rows (then only top-label names; the others
-        # raise): checked in the one compiled call of every metric.
+        # Logits or top-label rows, checked in the one compiled call.
         x, labels, where = _inputs.checked(probs, labels, where, form)
         logits = form == _inputs.LOGITS
         static = (names, int(num_bins), logits)
@@ -222,7 +204,6 @@ def summary(
     probs, labels, where = _validate.check_probs_labels(
         probs, labels, where, values=False
     )
-    # Eagerly one program and one transfer for every metric and the checks.
     values = _validate.evaluate(_core, probs, labels, where, names, int(num_bins))
     return dict(zip(names, values))
 

@@ -1,11 +1,6 @@
-"""Post-hoc calibrators as pure functions: temperature scaling (four
-objectives), ETS, PTS, CTS, vector/matrix scaling, Dirichlet calibration,
-class-wise loss scaling, histogram binning, isotonic regression, Platt and Beta
-calibration (K = 2) and per-label multi-label temperature scaling.
-
-``fit_<name>(logits, labels, *, where=None)`` returns parameters and
-``apply_<name>`` maps logits to calibrated logits; ``fit(name, ...)`` returns a
-saveable :class:`Calibrator`. Conventions: ``docs/posthoc.md``.
+"""Post-hoc calibrators as pure functions: ``fit_<name>(logits, labels, *,
+where=None)`` returns parameters, ``apply_<name>`` calibrated logits, and
+``fit(name, ...)`` a saveable :class:`Calibrator`. Methods: ``docs/posthoc.md``.
 """
 
 from calib_jax.posthoc._binary import apply_beta, apply_platt, fit_beta, fit_platt

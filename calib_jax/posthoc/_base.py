@@ -51,9 +51,8 @@ def _describe(x: np.ndarray):
     }
 
 
-# Each map's ``check_*_params(params, *, values) -> K | None``: ``load`` runs it
-# with ``values=True``, ``Calibrator.apply`` with ``values=False`` (shapes
-# only, jittable) to learn K. Messages are one line, for the caller to prefix.
+# A map's ``check_*_params(params, *, values) -> K | None``: ``load`` checks values,
+# ``Calibrator.apply`` only shapes (jittable). One-line messages, for a prefix.
 
 
 def param_arrays(params, ranks: dict[str, int], *, bools=()) -> dict[str, Any]:

@@ -97,8 +97,7 @@ def _weights_and_targets(logits, labels, where):
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     mask = jnp.ones(labels.shape, bool) if where is None else jnp.asarray(where, bool)
     d = jnp.where(mask, _difference(logits), 0.0)
-    m = mask.astype(d.dtype)
-    weights = m / jnp.maximum(jnp.sum(m), 1.0)
+    weights = _core.mask_weights(mask, d.dtype)
     y = (labels == 1).astype(d.dtype)
     return d, y, mask, weights
 

@@ -61,9 +61,8 @@ class Calibrator:
         """Calibrated logits (or log-probabilities) ``[N, K]``.
 
         Raises:
-          ValueError: logits with another number of classes than the
-            parameters are for (vector/matrix scaling, Dirichlet, CTS,
-            binning...; maps such as TS take any K).
+          ValueError: logits of another K than the parameters are for (maps
+            such as TS take any K).
         """
         logits = _core.upcast(logits)
         k = _methods.num_classes(self.apply_fn, self.params)
@@ -89,10 +88,9 @@ class Calibrator:
           overwrite: replace an existing file (default: refuse).
 
         Raises:
-          ValueError: ``path`` exists and ``overwrite`` is False, or the
-            calibrator was not built by :func:`calib_jax.posthoc.fit` (its
-            ``apply_fn`` is not one of the library's maps) or holds a leaf
-            that is not an array, a Python scalar or None (one line).
+          ValueError: ``path`` exists and ``overwrite`` is False, the
+            ``apply_fn`` is none of the library's maps, or a leaf is not an
+            array, a Python scalar or None (one line).
 
         Examples:
           >>> import os, tempfile
@@ -108,8 +106,7 @@ class Calibrator:
         _persist.save(self, path, overwrite=overwrite)
 
     def summary(self) -> dict[str, Any]:
-        """JSON summary of the parameters: scalars and vectors of up to 8
-        entries in full, other arrays by shape, mean, min and max."""
+        """JSON summary of the parameters (larger arrays by shape, mean, min, max)."""
         return _base.summarize(self.params, self.aux)
 
 
@@ -210,17 +207,14 @@ def fit(
         ``max_iter``, ``form``, ``steps``, ``off_diagonal``, ``rounds``).
 
     Returns:
-      A :class:`Calibrator`; ``calibrator.apply(test_logits)`` gives the
-      calibrated logits (log-probabilities for ETS, histogram binning,
-      isotonic regression, Platt and Beta). TS, ETS and PTS (with or without
-      class-wise scaling) preserve the argmax; the others not in general.
+      A :class:`Calibrator` (what ``apply`` returns, which methods preserve
+      the argmax: ``docs/posthoc.md``).
 
     Raises:
-      ValueError: unknown name or option, an option outside its domain
-        (``learning_rate <= 0``, negative ``tol``), NaN/inf logits, labels
-        out of range, ``N = 0``, ``K < 2``, ``K != 2`` for a binary-only
-        calibrator (``'platt'``, ``'beta'``) or mismatched lengths
-        (one-line messages).
+      ValueError: one line: unknown name or option, an option outside its
+        domain (``learning_rate <= 0``, negative ``tol``), NaN/inf logits,
+        labels out of range, ``N = 0``, ``K < 2``, mismatched lengths, or
+        ``K != 2`` for ``'platt'`` and ``'beta'``.
 
     Warns:
       SuspiciousFitWarning: one line when the validation accuracy is below
@@ -278,12 +272,10 @@ def load(path, *, name: str | None = None) -> Calibrator:
 
     Args:
       path: local or object-store path (``etils.epath``).
-      name: optional expected registry name (e.g. ``'ts:nll'``); another
-        name is an error.
+      name: optional expected registry name (e.g. ``'ts:nll'``).
 
     Returns:
-      The :class:`~calib_jax.posthoc.Calibrator`, with parameters and aux
-      bit-identical to the saved ones.
+      The :class:`Calibrator`, its parameters and aux bit-identical.
 
     Raises:
       ValueError: one line naming the file: missing, unreadable or not a saved

@@ -62,8 +62,7 @@ def _safe_ratio(num, den):
 
 
 def _merge_bins(a, b):
-    """Per-bin sums of two sets of rows: sums add; mean and centred second
-    moment by the pairwise update (Chan, Golub and LeVeque 1979)."""
+    """Per-bin sums of two sets of rows (Chan, Golub and LeVeque 1979)."""
     s = a["s"] + b["s"]
     share = _safe_ratio(b["s"], s)
     delta = b["mu"] - a["mu"]
@@ -77,8 +76,7 @@ def _merge_bins(a, b):
 
 
 def _chunk_confidences(u, x, labels, valid, num_bins, sb_temperature):
-    """Top-label confidences of ``z / e^u``, correctness and soft memberships
-    (zero on padding rows) of a chunk."""
+    """Confidences of ``z / e^u``, correctness and soft memberships of a chunk."""
     z, labels, m, _ = _row_constants(x, labels, valid)
     correct = (jnp.argmax(z, axis=1) == labels).astype(z.dtype)
     conf = _temperature.top_confidence_of_log_t(u, z, m)
@@ -161,11 +159,7 @@ def sb_finish(bins, dbins, count, p, *, kind):
 @jax.jit
 def accuracy_of_bins(bins, dbins):
     """``(A, dA/du, occupied)`` of the merged bins (the first ``'lb'`` pass)."""
-    acc, dacc = jax.jvp(
-        lambda s, r: _bin_accuracy(s, r),
-        (bins["s"], bins["r"]),
-        (dbins["s"], dbins["r"]),
-    )
+    acc, dacc = jax.jvp(_bin_accuracy, (bins["s"], bins["r"]), (dbins["s"], dbins["r"]))
     return acc, dacc, _occupied(bins["s"])
 
 

@@ -49,8 +49,7 @@ def normalize_class_losses(class_losses: jax.typing.ArrayLike, present=None):
       >>> print(normalize_class_losses(jnp.array([1.0, 2.0, 3.0])).round(4))
       [-1.2247  0.      1.2247]
     """
-    x = jnp.asarray(class_losses)
-    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    x = _core.upcast(class_losses)
     present = jnp.ones(x.shape, bool) if present is None else jnp.asarray(present)
     count = jnp.maximum(jnp.sum(present), 1)
     mean = jnp.sum(jnp.where(present, x, 0.0)) / count
@@ -93,8 +92,7 @@ def scaling_weights(
       >>> print(scaling_weights(jnp.array([-1.0, 0.0, 1.0]), 1.0, 1.5).round(4))
       [-0.3466  0.      0.3466]
     """
-    x = jnp.asarray(normalized_losses)
-    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    x = _core.upcast(normalized_losses)
     return beta * jax.nn.sigmoid(x / alpha) - beta / 2.0
 
 
@@ -128,10 +126,8 @@ def fit_alpha_beta(
         - \mathcal L^0_{C_i}) - \mathbb E[\mathcal L^1_C]\Big)^2}
 
     Args:
-      losses_before: ``[K]`` class-wise losses :math:`\mathcal L^0` at the
-        initial parameters.
-      losses_after: ``[K]`` class-wise losses :math:`\mathcal L^1` after one
-        training iteration.
+      losses_before: ``[K]`` class losses :math:`\mathcal L^0` at the start.
+      losses_after: ``[K]`` class losses :math:`\mathcal L^1` after one iteration.
       present: optional bool ``[K]``; absent classes are left out.
       alpha0, beta0: start (Sec. 5.1 of [1]: 1.0 and 1.5).
       alpha_bounds: ``(lo, hi)``; None = :func:`default_alpha_bounds`.
@@ -208,24 +204,17 @@ def fit_classwise(
 ) -> tuple[Any, dict[str, Any]]:
     r"""Trains ``method`` with class-wise loss scaling (Eqs. (3)–(8) of [1]).
 
-    The weights :math:`w_i` (:func:`scaling_weights`) of the ND-normalised
-    class losses (:func:`normalize_class_losses`) scale the base method's
-    objective :math:`\sum_i (1 + w_i) \mathcal L_{C_i}` (Eqs. (7)-(8)), with
-    :math:`\alpha, \beta` fitted once by :func:`fit_alpha_beta` from the class
-    losses before and after one training iteration (one L-BFGS iteration for
-    TS, ETS and CTS, one Adam step for PTS), then frozen. Conventions where the
-    paper leaves room, as in the released code: :math:`\mathcal L_{C_i}` is the
-    *mean* NLL of class :math:`i` (Eq. (3) writes a sum); absent classes get no
-    weight; the alpha bounds are the code's :math:`[0.1, \ln(K)/2]` raised to 1
-    when below it (the start :math:`\alpha = 1` stays feasible); :math:`\beta
-    \le 2` keeps every :math:`1 + w_i > 0`. The weights act as constants,
-    recomputed from the current parameters: ``rounds`` warm-started fits, each
-    with the previous fit's weights, until no weight moves by more than
-    ``weight_tol``. Host function (SLSQP in SciPy): not jittable.
+    The base objective becomes :math:`\sum_i (1 + w_i) \mathcal L_{C_i}` with
+    :func:`scaling_weights` of the :func:`normalize_class_losses`;
+    :math:`\alpha, \beta` come from :func:`fit_alpha_beta` on the class losses
+    before and after one L-BFGS iteration (one Adam step for PTS), then stay
+    fixed. As in the released code, :math:`\mathcal L_{C_i}` is the class's
+    *mean* NLL (Eq. (3) writes a sum) and the weights act as constants:
+    ``rounds`` warm-started fits, each with the previous fit's weights, until
+    none moves by more than ``weight_tol``. Host function (SLSQP in SciPy).
 
     Args:
-      method: the base :class:`~calib_jax.posthoc.Method` (TS,
-        ETS, PTS or CTS, NLL-trained).
+      method: the base :class:`~calib_jax.posthoc.Method` (TS, ETS, PTS, CTS).
       logits: float ``[N, K]``.
       labels: int ``[N]`` class ids in ``[0, K)``.
       where: optional bool ``[N]``; ``False`` rows are ignored.

@@ -104,8 +104,7 @@ def _num_classes(val) -> int:
 
 
 def _progress(total: int, first: str):
-    """A bar over fits and scored splits (one line per ``LOG_INTERVAL`` s
-    when stderr is not a terminal)."""
+    """A progress bar over fits and scored splits."""
     tty = progress_lib.is_terminal(sys.stderr)
     return progress_lib.bar(
         total,
@@ -123,7 +122,6 @@ def _warn(line: str) -> None:
 
 
 def _warn_below_chance(split, accuracy: float, k: int) -> None:
-    """A warning line when the test accuracy is below chance (1/K)."""
     if accuracy < 1.0 / k:
         _warn(
             f"{split.what}: accuracy {accuracy:.4f} is below chance (1/K = "
@@ -182,8 +180,7 @@ def run(fv: flags.FlagValues) -> int:
 def _run(fv, methods, workdir, splits, out, written) -> int:
     data = _load(splits, fv)
     val, test = data["val"], data["test"]
-    # A sharded test set is never in memory (only TS methods run on shards,
-    # and their parameters summary needs no test logits).
+    # A sharded test set stays on disk (only TS runs there: no test logits needed).
     test_logits = None if splits[1].shards is not None else test[0]
     k = _num_classes(val)
     for name in methods:
@@ -244,8 +241,7 @@ def _run(fv, methods, workdir, splits, out, written) -> int:
 
 
 def _score(name, fitted, splits, data, out, fv, bar, written) -> dict:
-    """Scores one method on every split, writing its calibrator and logits;
-    returns its row of results.json (``docs/posthoc.md``, "Outputs")."""
+    """Scores and writes one method on every split; returns its results row."""
     row = {"method": name, "fit": None, "calibrator": None}
     cal, calibrated, scores = None, {}, {"shift": {}}
     if fitted is not None:

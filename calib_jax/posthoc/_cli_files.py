@@ -27,8 +27,7 @@ _SQUARE = ("matrix", "dirichlet")
 
 
 class StorageError(_cli.StorageWriteError):
-    """An output that could not be written (exit status 4); the run's outputs
-    are removed, as the message says."""
+    """An output that could not be written (exit status 4)."""
 
     def __str__(self) -> str:
         return (
@@ -45,8 +44,7 @@ class Split(NamedTuple):
       file: file name of its calibrated logits (``'val.npz'``).
       path: where its logits are read from (None for process shards).
       what: how messages name it (``"--val file 'v.npz'"``).
-      shards: the ``--val``/``--test`` value naming shards, or a run's process
-        shards in process order, else None.
+      shards: the ``--val``/``--test`` value or the process shards, or None.
       label: the glob the table prints for process shards, else None.
     """
 
@@ -66,8 +64,7 @@ class Split(NamedTuple):
 
 
 def is_shards(value: str) -> bool:
-    """Whether a ``--val`` value names shards (a glob, a comma-separated list,
-    an ``.npy`` file) rather than one ``.npz``."""
+    """Whether a ``--val`` value names shards rather than one ``.npz``."""
     return glob_magic(value) or "," in value or value.endswith(".npy")
 
 
@@ -77,8 +74,7 @@ def glob_magic(value: str) -> bool:
 
 
 def shard_source(split: Split) -> chunks.ChunkSource:
-    """The chunk source of a sharded split (headers read, no data); a
-    UserError naming the shard that is missing or wrong."""
+    """The chunk source of a sharded split; a UserError naming a bad shard."""
     spec = split.shards
     if isinstance(spec, tuple):
         paths, flag = list(spec), "--workdir"
@@ -123,8 +119,7 @@ def given_splits(val: str, test: str) -> list[Split]:
 
 
 def _exported(logits: epath.Path, key: str) -> Split | None:
-    """Set ``key`` of a run's ``logits/``: its ``.npz`` file, or its process
-    shards in process order; None when it has neither."""
+    """Set ``key`` of a run's ``logits/`` (its file or process shards), or None."""
     name = logit_layout.logits_file(key)
     path = logits / name
     if path.exists():
@@ -143,8 +138,7 @@ def _exported(logits: epath.Path, key: str) -> Split | None:
 
 
 def workdir_splits(workdir: epath.Path, text: str) -> list[Split]:
-    """Val, test and every shifted test set a training run exported (files
-    or process shards); a UserError saying what the workdir holds instead."""
+    """Val, test and every shifted test set a training run exported."""
     if not workdir.exists():
         raise UserError(f"--workdir {text!r} does not exist.")
     if not workdir.is_dir():
@@ -192,8 +186,7 @@ def workdir_splits(workdir: epath.Path, text: str) -> list[Split]:
 
 
 def load_split(split: Split, logits_key: str, labels_key: str):
-    """``(logits float [N, K], labels int [N])`` as NumPy arrays (integer
-    logits become float32, integral float labels int64)."""
+    """``(logits float [N, K], labels int [N])`` of a split's ``.npz`` (NumPy)."""
     what, path = split.what, split.path
     if path.is_dir():
         raise UserError(f"{what} is not a file.")
@@ -234,8 +227,7 @@ def load_split(split: Split, logits_key: str, labels_key: str):
 
 
 def check_sizes(splits, methods, num_bins: int, logits_key: str) -> None:
-    """UserError when the bins or a method's parameters cannot fit in memory,
-    from the first ``.npz`` split's header (or the shards')."""
+    """UserError when the bins or a method's parameters cannot fit in memory."""
     first = next((s for s in splits if s.shards is None), None)
     if first is None:
         shape = (None, shard_source(splits[0]).num_classes)
@@ -259,8 +251,7 @@ def check_sizes(splits, methods, num_bins: int, logits_key: str) -> None:
 
 
 def output_dir(value: str | None, workdir: epath.Path | None, test: Split):
-    """``--out``, else ``<workdir>/posthoc``, else ``<test stem>_posthoc``
-    beside the test file."""
+    """``--out``, else ``<workdir>/posthoc`` or ``<test stem>_posthoc``."""
     if value is not None:
         out = as_path(value, "--out")
         if out.suffix in (".json", ".md", ".txt", ".npz") and not out.is_dir():
@@ -291,8 +282,7 @@ def outputs(out: epath.Path, methods) -> list[epath.Path]:
 
 
 def first_existing(paths) -> epath.Path | None:
-    """The first path that exists (a directory only if it holds more than a
-    killed run's temporary files)."""
+    """The first path that exists (a directory: with more than temporary files)."""
     for path in paths:
         if not path.exists():
             continue
@@ -313,8 +303,7 @@ def check_writable(out: epath.Path, value: str | None) -> None:
 
 
 def logits_shape(split: Split, key: str) -> tuple[int, ...] | None:
-    """The shape of array ``key`` of a split's ``.npz`` from its header alone;
-    None when the file cannot tell."""
+    """The shape of array ``key`` from the split's ``.npz`` header, or None."""
     try:
         with (
             split.path.open("rb") as f,
@@ -359,14 +348,12 @@ class Outputs:
             self.created.append(path)
 
     def npz(self, path: epath.Path, **arrays) -> None:
-        """Writes an ``.npz`` archive of ``arrays``."""
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         data = buf.getvalue()
         self._write(path, lambda target: target.write_bytes(data))
 
     def text(self, path: epath.Path, text: str) -> None:
-        """Writes a UTF-8 text file."""
         data = text.encode("utf-8")
         self._write(path, lambda target: target.write_bytes(data))
 

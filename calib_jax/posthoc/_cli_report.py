@@ -22,8 +22,7 @@ def metrics(probs, labels, num_bins) -> dict[str, float]:
 
 
 def metrics_of_chunks(source, apply, num_bins) -> dict[str, float]:
-    """:func:`metrics` of sharded logits, a chunk at a time; ``apply`` (or
-    None) calibrates each chunk's logits."""
+    """:func:`metrics` of sharded logits calibrated by ``apply`` (or None)."""
     pairs = (
         (chunk.x if apply is None else np.asarray(apply(chunk.x)), chunk.labels)
         for chunk in source
@@ -40,8 +39,7 @@ def metrics_of_chunks(source, apply, num_bins) -> dict[str, float]:
 
 
 def params_summary(cal, test_logits) -> dict:
-    """JSON summary of a calibrator's parameters (PTS: with its per-example
-    temperatures on ``test_logits``)."""
+    """JSON summary of a calibrator's parameters (PTS: its test temperatures)."""
     if cal.name.startswith("pts"):
         t = np.asarray(_pts.sample_temperatures(cal.params, test_logits))
         out = {

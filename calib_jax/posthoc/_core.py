@@ -58,8 +58,7 @@ def per_example_nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 class LbfgsInfo(NamedTuple):
-    """Scalars of :func:`lbfgs_minimize`: iterations run, and the objective
-    and its gradient's max-norm at the returned parameters."""
+    """Iterations run, value and gradient max-norm of :func:`lbfgs_minimize`."""
 
     num_iter: jax.Array
     value: jax.Array
@@ -77,23 +76,19 @@ def lbfgs_minimize(
 ):
     r"""Minimises ``fun`` with ``optax.lbfgs`` inside ``lax.while_loop``.
 
-    One L-BFGS direction and zoom line search (strong Wolfe) per iteration;
-    stops after ``max_iter`` (may be traced) iterations, when the gradient's
-    max-norm is at most ``gtol``, the step at most ``xtol * (1 + |x|)``
-    (max-norms), or the value non-finite. Under ``jax.vmap`` finished members
-    keep their parameters. Returns ``(x, LbfgsInfo)``.
-
-    References:
-      [1] J. Nocedal and S. Wright, "Numerical Optimization", 2nd ed., 2006,
-      Alg. 7.4–7.5 (L-BFGS) and Alg. 3.5–3.6 (zoom line search).
+    One L-BFGS direction and zoom line search per iteration (Nocedal & Wright
+    2006, Algs. 7.4-7.5, 3.5-3.6); stops after ``max_iter`` (may be traced)
+    iterations, when the gradient's max-norm is at most ``gtol``, the step at
+    most ``xtol * (1 + |x|)`` (max-norms), or the value non-finite. Under
+    ``jax.vmap`` finished members keep their parameters. Returns ``(x,
+    LbfgsInfo)``.
     """
     dtypes = jax.tree.map(lambda a: jnp.asarray(a).dtype, x0)
     given = fun
 
     def fun(x):
-        # optax's line search forms trial points with float64 step sizes in
-        # 64-bit mode; the objective always sees the dtype of x0 (that of
-        # the logits), so a fit gives the same result in either mode.
+        # optax's line search steps are float64 in 64-bit mode; the objective
+        # sees the dtype of x0, so a fit gives the same result in either mode.
         return given(jax.tree.map(lambda a, d: jnp.asarray(a).astype(d), x, dtypes))
 
     opt = optax.lbfgs(memory_size=memory_size)
@@ -151,8 +146,7 @@ def class_mean_losses(
 def fit_nll_lbfgs(
     transform, params0, logits, labels, weights, *, max_iter, tol, penalty=None
 ):
-    """The parameters minimising ``sum_n w_n NLL(transform(params, logits))_n``
-    (``+ penalty(params)``) by :func:`lbfgs_minimize` from ``params0``."""
+    """L-BFGS from ``params0`` on the weighted NLL of ``transform`` (+ penalty)."""
     logits = jax.lax.stop_gradient(logits)
 
     def objective(params):

@@ -11,8 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-# Entries of the logits per block: large enough to amortise the loop, small
-# enough for the block's temporaries to stay in cache.
+# Logit entries per block: amortises the loop, keeps the temporaries in cache.
 BLOCK_ELEMENTS = 1 << 19
 
 
@@ -53,8 +52,7 @@ def exp_sums(z, m, s, *, with_w: bool = False):
 
 @jax.custom_jvp
 def nll_of_log_t(u, z, m, a, w):
-    """Drop-in for ``_temperature.nll_of_log_t`` with its derivative in ``u``
-    from the same blocked pass (none for the other arguments)."""
+    """Drop-in for ``_temperature.nll_of_log_t``, its ``u``-derivative in one pass."""
     s = jnp.exp(-u)
     return jnp.sum(w * (jnp.log(exp_sums(z, m, s)) + s * a))
 
@@ -72,8 +70,7 @@ def _nll_of_log_t_jvp(primals, tangents):
 
 @jax.custom_jvp
 def top_confidence_of_log_t(u, z, m):
-    """Drop-in for ``_temperature.top_confidence_of_log_t`` with its
-    derivative in ``u`` from the same blocked pass (none for ``z``, ``m``)."""
+    """Drop-in for ``_temperature.top_confidence_of_log_t`` (``u``-derivative too)."""
     return 1.0 / exp_sums(z, m, jnp.exp(-u))
 
 
@@ -111,8 +108,7 @@ def grouped_cut(v, group, *, num_groups, ranks, top_label_of=0):
 
 
 def _widths(num_slots: int, key_bits: int = 32) -> tuple[int, ...]:
-    # Wide digits keep the passes few; with many (group, rank) slots narrow
-    # digits keep the per-slot histograms small.
+    # Wide digits: few passes; narrow ones (many slots): small histograms.
     if key_bits == 32:
         return (11, 11, 10) if num_slots <= 1024 else (8, 8, 8, 8)
     widest = 13 if num_slots <= 256 else 11 if num_slots <= 1024 else 8
@@ -129,30 +125,13 @@ def grouped_order_statistics(
     num_groups: int | None = None,
     key_bits: int = 32,
 ):
-    """The ``ranks[g, r]``-th smallest ``bits`` among the rows of group ``g``.
+    """``(values, count_le, sizes)``: the ``ranks[g, r]``-th smallest uint32
+    ``bits`` of group ``g`` ``[G, R]``, the group's rows ``<=`` each ``[G, R]``
+    and the group sizes ``[G]``, by a most-significant-digit-first radix select.
 
-    A most-significant-digit-first radix select for ``G`` groups at once:
-    each pass histograms one digit of each row into the slot of its group and
-    the ranks whose higher digits it matches, then picks each rank's digit
-    from the cumulative counts. Exact for any keys, ties included.
-
-    Args:
-      bits: uint32 ``[M]`` keys (non-negative float32 bit patterns order like
-        the floats).
-      group: int32 ``[M]`` group of each row in ``[0, G]``; ``G`` excludes
-        the row.
-      ranks: int32 ``[G, R]``, ascending along ``R``, each in ``[0, n_g)``
-        (``n_g`` the group's size; anything for an empty group); or a
-        function of the group sizes ``n`` (int32 ``[G]``) returning them, which
-        the first pass's histogram gives without another pass over the rows.
-      num_groups: static ``G``; needed when ``ranks`` is a function.
-      key_bits: static; every key is below ``2**key_bits`` (fewer bits, fewer
-        passes).
-
-    Returns:
-      ``(values, count_le, sizes)``: uint32 ``[G, R]`` order statistics, int32
-      ``[G, R]`` numbers of the group's rows ``<=`` each of them, and the
-      int32 ``[G]`` group sizes.
+    ``group`` is in ``[0, G]`` (``G`` excludes the row); ``ranks`` int32 ``[G,
+    R]`` ascending, each below its group's size, or a function of the sizes
+    returning them (then give ``num_groups``); keys are below ``2**key_bits``.
     """
     if callable(ranks):
         g_count, rank_fn = num_groups, ranks

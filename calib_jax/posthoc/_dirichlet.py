@@ -52,13 +52,11 @@ def apply_dirichlet_params(params, logits):
 
 
 def odir_penalty(params, off_diagonal, intercept):
-    r"""ODIR term :math:`\frac{\lambda}{K(K-1)}\sum_{i \ne j} W_{ij}^2 +
-    \frac{\mu}{K}\sum_j b_j^2` (scalar)."""
+    """The ODIR penalty of :func:`fit_dirichlet` (scalar)."""
     w, b = params["W"], params["b"]
     k = w.shape[0]
     off = jnp.sum(w**2) - jnp.sum(jnp.diagonal(w) ** 2)
-    # K(K-1) as a Python float: as an int it would be an int32 constant, which
-    # overflows from K = 46,342.
+    # A Python float: an int32 constant K(K-1) overflows from K = 46,342.
     pairs = float(k * (k - 1))
     return off_diagonal * off / pairs + intercept * jnp.sum(b**2) / float(k)
 
@@ -79,8 +77,7 @@ def fit_dirichlet(
     max_iter: int = 500,
     tol: float = 1e-6,
 ) -> dict[str, jax.Array]:
-    r"""Fits Dirichlet calibration with ODIR (off-diagonal and intercept
-    regularisation) by L-BFGS from :math:`W = I, b = 0`.
+    r"""Fits Dirichlet calibration with ODIR by L-BFGS from the identity.
 
     .. math::
 
@@ -89,9 +86,9 @@ def fit_dirichlet(
         \frac{\mu}{K} \sum_{j} b_j^2,
 
     :math:`\lambda` = ``off_diagonal``, :math:`\mu` = ``intercept``,
-    :math:`\omega_n = 1/N`. ODIR leaves the diagonal of :math:`W` free. [1]
-    selects :math:`\lambda, \mu` by cross-validation; the defaults here (0.01
-    each) are fixed. Not accuracy-preserving.
+    :math:`\omega_n = 1/N` (ODIR: off-diagonal and intercept regularisation).
+    [1] selects :math:`\lambda, \mu` by cross-validation; the defaults here
+    are fixed. Not accuracy-preserving.
 
     Args:
       logits: float ``[N, K]``.

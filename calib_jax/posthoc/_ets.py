@@ -25,17 +25,14 @@ def apply_ets(params, logits: jax.typing.ArrayLike, *, form: str = "original"):
         p(z) = w_1\,\mathrm{softmax}(z / T) + w_2\,\mathrm{softmax}(z) +
         w_3\,\tfrac{1}{K}\,\mathbf 1, \qquad w \in \Delta^2,
 
-    and returns :math:`\log p(z)` (log-probabilities; ``softmax`` of them is
-    :math:`p` again). ``form='logit'`` is the logit-space form written in
-    Eq. (13) of [2] and used by its released code,
+    and returns :math:`\log p(z)`. ``form='logit'`` is the logit-space form
+    of Eq. (13) of [2] and its released code,
 
     .. math::
 
         \mathrm{ETS}(z) = w_1 z / T + w_2 z + w_3 / K,
 
-    which, since the constant cancels in the softmax, is temperature scaling
-    with :math:`T_{\mathrm{eff}} = 1/(w_1/T + w_2)`.
-
+    i.e. temperature scaling with :math:`T_{\mathrm{eff}} = 1/(w_1/T + w_2)`.
     Both preserve the argmax whenever :math:`w_1 + w_2 > 0`.
 
     Args:
@@ -130,8 +127,7 @@ def fit_ets_params(
       logits: float ``[N, K]``.
       labels: int ``[N]`` class ids in ``[0, K)``.
       where: optional bool ``[N]``; ``False`` rows are ignored.
-      form: ``'original'`` (probability mixture) or ``'logit'`` (Eq. (13) of
-        Jung et al. 2023).
+      form: ``'original'`` (probability mixture) or ``'logit'`` ([2]).
       max_iter: L-BFGS iteration cap of each stage (traced).
       tol: gradient tolerance of each stage.
 

@@ -15,21 +15,13 @@ BINNINGS = ("equal_mass", "equal_width")
 THRESHOLDS = ("data", "midpoint")
 
 
-# Up to this many thresholds, bins are counted by comparisons; above, by a
-# binary search.
+# Up to this many thresholds, bins are counted by comparisons, else searched.
 _MAX_COMPARE = 32
 
 
 def bin_index(thresholds, v, cls):
-    """Bin ``#{j : v > thresholds[cls, j]}`` of each score (bins ``(t_j,
-    t_{j+1}]``), int32 of the shape of ``v``.
-
-    Args:
-      thresholds: float ``[K, M-1]``, ascending along the last axis.
-      v: float scores, ``[N]`` (top-label) or ``[N, K]`` (one-vs-rest).
-      cls: int32 class of each score, the shape of ``v`` (for ``[N, K]``
-        scores, the column index).
-    """
+    """Bin ``#{j : v > thresholds[cls, j]}`` (int32) of each score ``v``, ``[N]``
+    or ``[N, K]``, of class ``cls`` (same shape); thresholds ascending."""
     t = thresholds.shape[1]
     if t == 0:
         return jnp.zeros(v.shape, jnp.int32)
@@ -63,9 +55,8 @@ def apply_one_vs_rest(params, logits):
 
 
 def check_params(params, *, values: bool = True) -> int:
-    """Histogram binning parameters (either variant): ``fitted [K]`` bool,
-    ``thresholds [K, M-1]`` ascending and ``values [K, M]`` in [0, 1];
-    returns K."""
+    """Parameters ``fitted [K]`` bool, ``thresholds [K, M-1]`` ascending and
+    ``values [K, M]`` in [0, 1]; returns K."""
     arrays = _base.param_arrays(
         params, {"fitted": 1, "thresholds": 2, "values": 2}, bools=("fitted",)
     )
@@ -99,8 +90,7 @@ def apply_histogram_binning(
       variant: ``'top_label'`` or ``'one_vs_rest'`` (the fitted one).
 
     Returns:
-      float ``[N, K]`` log-probabilities (``-inf`` where a bin's frequency is
-      0).
+      float ``[N, K]`` log-probabilities (``-inf`` where a bin's value is 0).
 
     References:
       [1] B. Zadrozny, C. Elkan, "Obtaining calibrated probability estimates
@@ -147,17 +137,12 @@ def fit_histogram_binning(
         \qquad b(v) = \#\{j : v > t_{l,j}\},
 
     the fraction of positives in each bin (Sec. 3 of [1]). ``'equal_mass'``
-    thresholds are the order statistics :math:`t_{l,j} = v_{(R_j - 1)}`
-    cutting the sorted scores into :math:`M` groups of :math:`\lfloor n_l /
-    M\rfloor` or :math:`\lceil n_l / M\rceil` (the bins of [2] and of
-    :func:`calib_jax.metrics.adaptive_ece`; tied scores share a bin);
-    ``thresholds='midpoint'`` moves each to :math:`(v_{(R_j - 1)} +
-    v_{(R_j)})/2` (``get_equal_bins`` of [3]), rounded down to a float32 so a
-    float32 score is binned as by the exact midpoint. ``'equal_width'`` uses
-    :math:`t_j = j / M`. An empty bin takes the value of the nearest
-    non-empty bin below (else above); a class without rows keeps the
-    uncalibrated score (``fitted = False``). Jittable (``variant``,
-    ``num_bins``, ``binning`` static). More: ``docs/posthoc.md``.
+    thresholds cut the sorted scores into :math:`M` groups of :math:`\lfloor
+    n_l / M\rfloor` or :math:`\lceil n_l / M\rceil` (the bins of [2]; tied
+    scores share a bin), ``thresholds='midpoint'`` moves them midway to the
+    next score ([3]), ``'equal_width'`` uses :math:`t_j = j / M`. A class
+    without rows keeps the uncalibrated score (``fitted = False``); empty
+    bins, the float32 midpoints: ``docs/posthoc.md``.
 
     Args:
       logits: float ``[N, K]``.
@@ -166,9 +151,8 @@ def fit_histogram_binning(
       variant: ``'top_label'`` (default; Gupta & Ramdas) or ``'one_vs_rest'``.
       num_bins: static number of bins :math:`M` per class (15).
       binning: ``'equal_mass'`` (default) or ``'equal_width'``.
-      thresholds: ``'data'`` (default; at an order statistic) or
-        ``'midpoint'`` (midway between consecutive order statistics);
-        ``'midpoint'`` needs ``binning='equal_mass'``.
+      thresholds: ``'data'`` (default) or ``'midpoint'`` (needs
+        ``binning='equal_mass'``).
 
     Returns:
       ``{'thresholds': float32 [K, M-1], 'values': float32 [K, M], 'fitted':
@@ -203,8 +187,7 @@ def fit_histogram_binning(
         )
     logits, labels, where = _validate.check_inputs(logits, labels, where, values=False)
     num_bins = _checks.check_positive_int("num_bins", num_bins)
-    # The value check shares the scores' read of the logits; it raises once
-    # the fit is dispatched, so the host waits for both at once.
+    # Values are checked in the scores' pass and raised once the fit is dispatched.
     if variant == "top_label":
         (cls, v), summary = _reduction.checked_top_label(logits, labels, where)
     else:
@@ -289,8 +272,7 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning, midpoint=Fals
             thresholds = floor_midpoint(thresholds[:, 0::2], thresholds[:, 1::2])
     size = k * num_bins + 1
     if variant == "top_label" and count_le is None:
-        # Counts and correct predictions per (predicted class, bin): one
-        # scatter over the N rows.
+        # Counts and hits per (predicted class, bin): one scatter over the rows.
         bins = bin_index(thresholds, v, cls)
         seg = jnp.where(group < k, group * num_bins + bins, k * num_bins)
         both = jnp.stack([jnp.ones((n,), jnp.int32), (cls == labels).astype(jnp.int32)])
@@ -298,9 +280,8 @@ def _fit(v, cls, labels, where, *, num_classes, num_bins, binning, midpoint=Fals
         count, hits = (a[:-1].reshape(k, num_bins) for a in sums)
     else:
         if variant == "top_label":
-            # Equal-mass bins: the order statistics counted the rows up to each
-            # threshold, so the bins' counts are their differences, and only the
-            # correct predictions need a scatter (their bins by binary search).
+            # Equal-mass: the bins' counts are differences of the order statistics'
+            # counts; only the correct predictions need a scatter.
             bins = _reduction.segmented_searchsorted(thresholds, cls, v, side="left")
             hit = (group < k) & (cls == labels)
             seg = jnp.where(hit, group * num_bins + bins, k * num_bins)

@@ -32,15 +32,20 @@ over rows, so (as the marginal :math:`\hat q`) it has no mergeable form:
 the calibration scores are needed in one call.
 
 With the class axis sharded over devices, THR's sets (``1 - p <= q_y``,
-elementwise on the softmax) work per shard. APS's and RAPS's need the score
-of *every* class, i.e. each class's rank and the mass ranked before it among
-all ``K`` classes: with one threshold per class the set is no longer a prefix
-of the ranking, so the marginal predictor's bisection (one threshold per row)
-does not apply, and the ranks of all classes of a row are a merge of the
-shards' values, not a reduction of ``O(N)`` partials. Those sets keep the
-row sort (XLA gathers the rows' classes to sort them). The fit needs only the
-labels' scores: on class-sharded calibration logits it takes their row-sum
-form.
+elementwise on the softmax) work per shard. APS's and RAPS's need each
+class's rank and the mass ranked before it among all ``K`` classes of the
+row: with one threshold per class the set is not a prefix of the ranking,
+so no reduction of ``O(N)`` partials gives it (the marginal predictor's
+bisection needs one threshold per row). On logits whose class axis is split
+over devices (a ``jax.Array`` with a ``NamedSharding``) the sets and scores
+therefore reshard the rows: one all-to-all over the class axes gives each
+device whole rows, ``ceil(N / D)`` of them for the ``D`` devices holding the
+rows and classes (the row count padded with rows that are cut after), i.e.
+its own share of ``[N, K]`` and never the whole array; the sorted form runs
+on them row by row, and a second all-to-all puts the bool sets back on the
+input's sharding. The values are the one-device values exactly (the
+per-row uniforms travel with their rows). The fit needs only the labels'
+scores: on class-sharded calibration logits it takes their row-sum form.
 
 References:
   [1] V. Vovk, A. Gammerman and G. Shafer, "Algorithmic Learning in a Random
@@ -67,8 +72,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from calib_jax import _checks
+from calib_jax import _checks, sharding
 from calib_jax.conformal import _predictor, _scores
 from calib_jax.conformal._predictor import ConformalPredictor, check_class_sharded
 
@@ -162,12 +169,100 @@ def class_scores(probs, u, lam, *, method: str, k_reg: int):
     return jnp.take_along_axis(ranked, position, axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=("method", "k_reg", "allow_empty"))
-def _sets_core(method, logits, qhat, u, lam, *, k_reg, allow_empty):
+def _sets_of(method, logits, qhat, u, lam, *, k_reg, allow_empty):
+    """The sets of whole rows: each class's score against its threshold."""
     probs = _predictor.probs_of(logits)
     scores = class_scores(probs, u, lam, method=method, k_reg=k_reg)
     sets = scores <= qhat.astype(scores.dtype)[None, :]
     return sets if allow_empty else _predictor.with_top_class(sets, probs)
+
+
+def rows_layout(logits) -> tuple[Mesh, P] | None:
+    """``(mesh, spec)`` of ``logits`` when its class axis is split over more
+    than one device of a ``NamedSharding`` (``spec`` padded to two entries),
+    else None (one device, whole rows on every device, a tracer)."""
+    if not sharding.is_class_sharded(logits):
+        return None
+    placed = logits.sharding
+    if not isinstance(placed, NamedSharding):
+        return None
+    spec = tuple(placed.spec) + (None,) * (2 - len(placed.spec))
+    return placed.mesh, P(*spec)
+
+
+def _axes(entry) -> tuple:
+    """The mesh axes of one ``PartitionSpec`` entry, as a tuple."""
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def by_rows(fn, layout, logits, *rows, whole_rows: bool):
+    """``fn(logits, *rows)`` of class-sharded ``logits`` on whole rows.
+
+    ``layout`` is :func:`rows_layout`'s ``(mesh, spec)``; ``rows`` are
+    ``[N]`` arrays (or None) that travel with their rows. The rows are
+    padded to a multiple of the ``D`` devices of ``spec``'s axes (zero
+    logits, cut after); one all-to-all over the class axes turns each
+    device's ``[N / R, K / C]`` block (``R * C = D``) into ``N / D`` whole
+    rows, ``fn`` runs on them, and its ``[N / D, K]`` result
+    (``whole_rows``) goes back by a second all-to-all to ``spec``; an
+    ``[N / D]`` result is returned with the rows split as ``spec[0]``.
+    Traced inside the caller's ``jax.jit``.
+    """
+    mesh, spec = layout
+    row_axes, class_axes = _axes(spec[0]), _axes(spec[1])
+    devices = math.prod(mesh.shape[a] for a in row_axes + class_axes)
+    n = logits.shape[0]
+    pad = -n % devices
+    logits = jnp.pad(logits, ((0, pad), (0, 0)))
+    rows = [None if r is None else jnp.pad(r, (0, pad)) for r in rows]
+    present = [r for r in rows if r is not None]
+    # A device's rows after the all-to-all: the row block of spec[0], cut
+    # in C pieces in the order of the class axes.
+    each_row = P(row_axes + class_axes)
+
+    def local(block, *parts):
+        block = lax.all_to_all(block, class_axes, 0, 1, tiled=True)
+        parts = iter(parts)
+        out = fn(block, *(None if r is None else next(parts) for r in rows))
+        if whole_rows:
+            return lax.all_to_all(out, class_axes, 1, 0, tiled=True)
+        return out
+
+    out = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(spec,) + (each_row,) * len(present),
+        out_specs=spec if whole_rows else each_row,
+        check_vma=False,
+    )(logits, *present)[:n]
+    back = spec if whole_rows else P(spec[0])
+    return lax.with_sharding_constraint(out, NamedSharding(mesh, back))
+
+
+@functools.partial(
+    jax.jit, static_argnames=("method", "k_reg", "allow_empty", "layout")
+)
+def _sets_core(method, logits, qhat, u, lam, *, k_reg, allow_empty, layout=None):
+    """The sets; ``layout`` (static, :func:`rows_layout`): on whole rows
+    after an all-to-all (:func:`by_rows`), else one program."""
+    sets_of = functools.partial(
+        _sets_of, method, qhat=qhat, lam=lam, k_reg=k_reg, allow_empty=allow_empty
+    )
+    if layout is None:
+        return sets_of(logits, u=u)
+    return by_rows(lambda z, u: sets_of(z, u=u), layout, logits, u, whole_rows=True)
+
+
+@functools.partial(jax.jit, static_argnames=("method", "k_reg", "layout"))
+def _scores_core(method, logits, labels, u, lam, *, k_reg, layout=None):
+    """The labels' scores by the sorted form (the values the sets compare),
+    on whole rows after an all-to-all when ``layout`` is given."""
+    score_of = functools.partial(_predictor.scores_core, method, lam=lam, k_reg=k_reg)
+    if layout is None:
+        return score_of(logits, labels, u)
+    return by_rows(score_of, layout, logits, labels, u, whole_rows=False)
 
 
 @struct.dataclass
@@ -200,16 +295,18 @@ class MondrianPredictor(ConformalPredictor):
     absent: str = struct.field(pytree_node=False, default="error")
 
     def _row_sums(self, logits, class_sharded) -> bool:
-        """Always the sorted form: a Mondrian APS/RAPS set needs every
-        class's score (see the module docstring); THR's is elementwise."""
+        """Never the row sums: a Mondrian APS/RAPS set needs every class's
+        score (see the module docstring); THR's is elementwise."""
         check_class_sharded(class_sharded)
-        if class_sharded and self.method != "thr":
-            raise ValueError(
-                f"class_sharded=True: a Mondrian {self.method!r} predictor has "
-                "no row-sum form (one threshold per class needs the score of "
-                "every class, a sort of each row); expected None or False."
-            )
         return False
+
+    def _layout(self, logits, class_sharded):
+        """:func:`rows_layout` of ``logits`` for APS/RAPS unless
+        ``class_sharded`` is False; None (one program) otherwise."""
+        self._row_sums(logits, class_sharded)
+        if self.method == "thr" or class_sharded is False:
+            return None
+        return rows_layout(logits)
 
     def predict_sets(
         self,
@@ -224,16 +321,22 @@ class MondrianPredictor(ConformalPredictor):
           logits: float ``[N, K]`` logits (the same kind as at fit).
           key: PRNG key of the per-row uniforms; required when
             ``randomized``, ignored otherwise.
-          class_sharded: None or False; True raises for APS and RAPS, which
-            have no row-sum Mondrian form (see the module docstring). THR's
-            sets are elementwise and work per class shard as they are.
+          class_sharded: ``None`` (default) or True: APS/RAPS sets of logits
+            whose class axis is split over devices are computed on whole
+            rows after an all-to-all (see the module docstring), the same
+            sets as on one device, on the input's sharding; other logits
+            (one device, whole rows per device, or under an outer
+            ``jax.jit``, where the placement is not visible) take the one
+            program, with nothing to reshard. False: the one program always
+            (XLA then gathers each row's classes to sort them). THR's sets
+            are elementwise and work per class shard as they are.
 
         Returns:
           bool ``[N, K]``; class ``y`` is in row ``i``'s set when its
           conformity score is at most ``qhat[y]``.
         """
         logits = self._check(logits, key)
-        self._row_sums(logits, class_sharded)
+        layout = self._layout(logits, class_sharded)
         n = logits.shape[0]
         u = _predictor.uniforms(key, n, jnp.float32) if self.randomized else None
         return _sets_core(
@@ -244,6 +347,29 @@ class MondrianPredictor(ConformalPredictor):
             self.lam,
             k_reg=self.k_reg,
             allow_empty=self.allow_empty,
+            layout=layout,
+        )
+
+    def scores(
+        self,
+        logits: jax.typing.ArrayLike,
+        labels: jax.typing.ArrayLike,
+        key: jax.Array | None = None,
+        *,
+        class_sharded: bool | None = None,
+    ) -> jax.Array:
+        """Conformity scores ``[N]`` of ``labels`` by the sorted form, on
+        whole rows after an all-to-all as :meth:`predict_sets` (so
+        ``labels[i] in predict_sets(logits, key)[i]`` exactly when
+        ``scores(logits, labels, key)[i] <= qhat[labels[i]]``, with
+        ``allow_empty``)."""
+        logits = self._check(logits, key)
+        labels = _scores.check_labels(labels, *logits.shape)
+        layout = self._layout(logits, class_sharded)
+        n = logits.shape[0]
+        u = _predictor.uniforms(key, n, jnp.float32) if self.randomized else None
+        return _scores_core(
+            self.method, logits, labels, u, self.lam, k_reg=self.k_reg, layout=layout
         )
 
 

@@ -1,8 +1,9 @@
-"""L-BFGS on an objective whose every evaluation is a pass over chunks: the
+"""A minimizer of an objective whose every evaluation is a pass over chunks: the
 in-memory fits' optimizer replayed over a table of the evaluations made so far."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -24,9 +25,9 @@ def _record_miss(token, u):
     return np.zeros((), np.int32)
 
 
-@jax.jit
-def _replay(points, values, slopes, filled, u0, tol, max_iter, token):
-    """:func:`_core.lbfgs_minimize` from ``u0`` on the first ``filled``
+@functools.partial(jax.jit, static_argnames=("minimizer",))
+def _replay(points, values, slopes, filled, u0, tol, max_iter, token, *, minimizer):
+    """``minimizer`` from ``u0`` on the first ``filled``
     evaluations ``(points, values, slopes)``, matched bit for bit. A missing
     point is reported to the host and gives NaN, ending the run; the run is
     deterministic, so the next one repeats every step up to it."""
@@ -58,13 +59,18 @@ def _replay(points, values, slopes, filled, u0, tol, max_iter, token):
         value, slope = look(primals[0])
         return value, slope * tangents[0]
 
-    u, _ = _core.lbfgs_minimize(objective, u0, max_iter=max_iter, gtol=tol)
-    return u
+    return minimizer(objective, u0, max_iter=max_iter, gtol=tol)
 
 
-def minimize(evaluate, u0, *, max_iter, tol):
-    """L-BFGS of ``evaluate: u -> (value, d/du)`` from ``u0``: runs
-    :func:`_replay` until it misses no point; returns ``u``."""
+def lbfgs(fun, u0, *, max_iter, gtol):
+    """:func:`_core.lbfgs_minimize`'s ``u`` (the NLL fits' minimizer)."""
+    return _core.lbfgs_minimize(fun, u0, max_iter=max_iter, gtol=gtol)[0]
+
+
+def minimize(evaluate, u0, *, max_iter, tol, minimizer=lbfgs):
+    """``minimizer(fun, u0, max_iter=, gtol=)`` (jittable, deterministic) of
+    ``evaluate: u -> (value, d/du)`` from ``u0``: runs :func:`_replay` until
+    it misses no point; returns ``u``."""
     token = next(_TOKENS)
     misses = _MISSES[token] = []
     size = _TABLE_SIZE
@@ -76,7 +82,7 @@ def minimize(evaluate, u0, *, max_iter, tol):
     try:
         while True:
             misses.clear()
-            u = _replay(*table, filled, u0, tol, max_iter, token)
+            u = _replay(*table, filled, u0, tol, max_iter, token, minimizer=minimizer)
             jax.block_until_ready(u)
             jax.effects_barrier()
             if not misses:

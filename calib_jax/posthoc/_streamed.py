@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from calib_jax import _checks, chunks, progress
-from calib_jax.posthoc import _calibrator, _chunk_steps, _methods, _replay
-from calib_jax.posthoc import _temperature_fit, _validate
+from calib_jax.posthoc import _calibrator, _chunk_steps, _log_t_search, _methods
+from calib_jax.posthoc import _replay, _temperature_fit, _validate
 
 #: The registry names :func:`fit_of_chunks` fits.
 STREAMED = ("ts", "ts:nll", "ts:sb_ece")
@@ -260,6 +260,7 @@ def fit_of_chunks(
                 u,
                 max_iter=max_iter,
                 tol=tol,
+                minimizer=_log_t_search.minimize_log_t,
             )
     t = jnp.exp(u).astype(jnp.float32)
     _warn_if_suspicious(name, passes, t)

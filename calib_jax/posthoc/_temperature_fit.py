@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from calib_jax import _checks, metrics
-from calib_jax.posthoc import _core, _temperature, _validate
+from calib_jax.posthoc import _core, _log_t_search, _temperature, _validate
 
 # Default norm order and binning convention of the hard-ECE objectives.
 _HARD_DEFAULTS = {
@@ -291,7 +291,7 @@ def _fit_sb_ece(
         p=p,
         kind=kind,
     )
-    u, _ = _core.lbfgs_minimize(objective, u0, max_iter=max_iter, gtol=tol)
+    u = _log_t_search.minimize_log_t(objective, u0, max_iter=max_iter, gtol=tol)
     return jnp.exp(u).astype(jnp.float32)
 
 

@@ -198,47 +198,52 @@ def _axes(entry) -> tuple:
 
 
 def by_rows(fn, layout, logits, *rows, whole_rows: bool):
-    """``fn(logits, *rows)`` of class-sharded ``logits`` on whole rows.
+    """``fn(logits, *rows)`` of class-sharded ``logits``, run on whole rows.
 
-    ``layout`` is :func:`rows_layout`'s ``(mesh, spec)``; ``rows`` are
-    ``[N]`` arrays (or None) that travel with their rows. The rows are
-    padded to a multiple of the ``D`` devices of ``spec``'s axes (zero
-    logits, cut after); one all-to-all over the class axes turns each
-    device's ``[N / R, K / C]`` block (``R * C = D``) into ``N / D`` whole
-    rows, ``fn`` runs on them, and its ``[N / D, K]`` result
-    (``whole_rows``) goes back by a second all-to-all to ``spec``; an
-    ``[N / D]`` result is returned with the rows split as ``spec[0]``.
-    Traced inside the caller's ``jax.jit``.
+    ``layout`` is :func:`rows_layout`'s ``(mesh, spec)``: each device holds
+    a block of ``N / R`` rows by ``K / C`` classes (``R``, ``C``: the
+    devices of the row and class axes of ``spec``). The block's rows are
+    padded to ``C * m``, ``m = ceil(N / (R * C))`` (zero logits, cut after),
+    and one all-to-all over the class axes gives each device ``m`` whole
+    rows; ``rows`` (``[N]`` arrays or None, e.g. the uniforms) are cut the
+    same way, so they travel with their rows. ``fn`` runs on them; its
+    ``[m, K]`` result (``whole_rows``) goes back to ``spec`` by a second
+    all-to-all, an ``[m]`` result by an all-gather of ``C * m`` values over
+    the class axes (the rows split as ``spec[0]``). Traced inside the
+    caller's ``jax.jit``.
     """
     mesh, spec = layout
     row_axes, class_axes = _axes(spec[0]), _axes(spec[1])
-    devices = math.prod(mesh.shape[a] for a in row_axes + class_axes)
-    n = logits.shape[0]
-    pad = -n % devices
-    logits = jnp.pad(logits, ((0, pad), (0, 0)))
-    rows = [None if r is None else jnp.pad(r, (0, pad)) for r in rows]
+    c = math.prod(mesh.shape[a] for a in class_axes)
+    block_rows = logits.shape[0] // math.prod(mesh.shape[a] for a in row_axes)
+    m = -(-block_rows // c)
+    pad = c * m - block_rows
     present = [r for r in rows if r is not None]
-    # A device's rows after the all-to-all: the row block of spec[0], cut
-    # in C pieces in the order of the class axes.
-    each_row = P(row_axes + class_axes)
 
     def local(block, *parts):
+        block = jnp.pad(block, ((0, pad), (0, 0)))
         block = lax.all_to_all(block, class_axes, 0, 1, tiled=True)
+        # This device's m rows of its row block, in the class axes' order.
+        start = lax.axis_index(class_axes) * m
         parts = iter(parts)
-        out = fn(block, *(None if r is None else next(parts) for r in rows))
+        mine = [
+            None
+            if r is None
+            else lax.dynamic_slice_in_dim(jnp.pad(next(parts), (0, pad)), start, m)
+            for r in rows
+        ]
+        out = fn(block, *mine)
         if whole_rows:
-            return lax.all_to_all(out, class_axes, 1, 0, tiled=True)
-        return out
+            return lax.all_to_all(out, class_axes, 1, 0, tiled=True)[:block_rows]
+        return lax.all_gather(out, class_axes, tiled=True)[:block_rows]
 
-    out = jax.shard_map(
+    return jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=(spec,) + (each_row,) * len(present),
-        out_specs=spec if whole_rows else each_row,
+        in_specs=(spec,) + (P(spec[0]),) * len(present),
+        out_specs=spec if whole_rows else P(spec[0]),
         check_vma=False,
-    )(logits, *present)[:n]
-    back = spec if whole_rows else P(spec[0])
-    return lax.with_sharding_constraint(out, NamedSharding(mesh, back))
+    )(logits, *present)
 
 
 @functools.partial(

@@ -5,8 +5,8 @@ One threshold per class needs each class's rank among all ``K`` classes of
 its row, so the sets are computed on whole rows: an all-to-all over the
 class axis hands each device ``N / 8`` whole rows, the sorted form runs on
 them and a second all-to-all puts the bool sets back on the input's
-sharding. bf16 logits ``[60, 64]`` (60 rows: not a multiple of 8, so the
-rows are padded and cut) with the label's logit raised by 7 (a softmax piled
+sharding. bf16 logits ``[60, 64]`` (60 rows: not a multiple of 8, so each
+device's block of rows is padded and cut) with the label's logit raised by 7 (a softmax piled
 near 1.0) are placed ``P(None, 'vocab')`` on a 1 x 8 mesh and ``P('data',
 'vocab')`` on a 2 x 4 mesh. The sets of APS and RAPS, randomised and not,
 equal the one-device sets exactly, on the input's sharding; the scores equal
@@ -36,14 +36,16 @@ MESHES = {"1x8": ((1, 8), P(None, "vocab")), "2x4": ((2, 4), P("data", "vocab"))
 KEY = jax.random.key(7)
 
 _COLLECTIVE = re.compile(
-    r"= (?P<shape>\(.*?\)|\S+) (?P<op>all-gather|all-to-all)(?:-start)?\("
+    r"= (?P<shape>\(.*?\)|\S+) (?P<op>all-gather|all-to-all|all-reduce|"
+    r"reduce-scatter|collective-permute|collective-broadcast|ragged-all-to-all)"
+    r"(?:-start)?\("
 )
 _ARRAY = re.compile(r"[a-z]+\d*\[([\d,]*)\]")
 
 
 def collective_shapes(hlo: str) -> list[tuple[str, list[tuple[int, ...]]]]:
-    """``(op, [dims of each array of its result])`` of every all-gather and
-    all-to-all of a compiled HLO text."""
+    """``(op, [dims of each array of its result])`` of every collective of a
+    compiled HLO text."""
     return [
         (
             m.group("op"),
@@ -65,6 +67,7 @@ def test_collective_shapes_parser():
     assert collective_shapes(hlo) == [
         ("all-gather", [(60, 64)]),
         ("all-to-all", [(8, 8), (8, 8)]),
+        ("all-reduce", [()]),
     ]
 
 
@@ -161,16 +164,22 @@ def test_sets_of_class_sharded_logits_equal_one_device_by_all_to_all(
         np.testing.assert_array_equal(
             np.asarray(got)[np.arange(N), y], scores <= np.asarray(pred.qhat)[y]
         )
-    # The program: the logits go by all-to-all, and no all-gather carries a
-    # block of rows at full K. Every all-to-all moves a device's share.
+    # The program: the logits go by all-to-all, no all-gather carries rows at
+    # full K, and every all-to-all moves a device's share.
     pred = preds[names[0]]
     found = collective_shapes(_compiled_sets(pred, zs, layout).as_text())
     to_all = [arrays for op, arrays in found if op == "all-to-all"]
     assert len(to_all) == 2, found
+    # Each moves m whole rows' worth: the block of N / R rows padded to a
+    # multiple of the C class devices, cut in C pieces of m rows.
+    r, c = shape
+    m = -(-(N // r) // c)
     for arrays in to_all:
-        assert sum(int(np.prod(a)) for a in arrays) == -(-N // 8) * K, arrays
+        assert sum(int(np.prod(a)) for a in arrays) == m * K, arrays
     gathered = [a for op, arrays in found if op == "all-gather" for a in arrays]
     assert not [a for a in gathered if len(a) == 2 and a[-1] == K], found
+    # Nothing but the two all-to-alls moves data between devices.
+    assert [op for op, _ in found] == ["all-to-all"] * 2, found
     if mesh_name != "1x8":
         return
     # The one-program sorted form on the same input all-gathers the rows at

@@ -148,21 +148,7 @@ def test_npz_shards_equal_the_in_memory_fit(tmp_path, name, dtype, options):
         name, paths, chunk_rows=ROWS, progress_bar=False, **options
     )
     ref = posthoc.fit(name, jnp.asarray(x), y, **options)
-    t, t_ref = _temperature(cal), _temperature(ref)
-    if options.get("p") != 1.0:
-        assert t == pytest.approx(t_ref, rel=1e-5)
-        return
-    # SB-ECE_lb with p = 1 is flat at its minimum to float32 resolution (here
-    # 1e-7 relative over +-1e-4 in T): both fits reach the same float64
-    # value, at temperatures as close as that resolution allows.
-    assert t == pytest.approx(t_ref, rel=1e-3)
-
-    def sb_ece(temp):
-        return _reference_batch.ref_sb_ece(
-            x.astype(np.float64) / temp, y, num_bins=15, temperature=0.01, p=1.0
-        )
-
-    assert sb_ece(t) == pytest.approx(sb_ece(t_ref), rel=1e-6)
+    assert _temperature(cal) == pytest.approx(_temperature(ref), rel=1e-5)
 
 
 def _one_line_error(match, *args, **kwargs):

@@ -326,7 +326,7 @@ METRIC_SHARED = {"_common", "_conventions", "_validate"}
 METRIC_MODULE_IMPORTS = {
     "_adaptive": METRIC_SHARED | {"_cpu_kernels", "_inputs"},
     "_aurc": {"_common", "_cpu_kernels", "_inputs", "_validate"},
-    "_binned_stats": METRIC_SHARED | {"_cpu_kernels", "_kernels"},
+    "_binned_stats": METRIC_SHARED | {"_cpu_kernels", "_exact_sums", "_kernels"},
     "_classwise": METRIC_SHARED
     | {"_adaptive", "_binned_stats", "_ece", "_inputs", "_kernels"},
     "_common": {"_cpu_kernels"},

@@ -12,6 +12,7 @@ from calib_jax.metrics import (
     _common,
     _conventions,
     _cpu_kernels,
+    _exact_sums,
     _kernels,
     _validate,
 )
@@ -26,7 +27,11 @@ class BinnedStats:
     (or ``+``), and call :meth:`compute` once at the end. All arrays are
     plain sums (a data-sharded ``jax.jit`` sums the global batch); counts are
     exact, so a merged value equals the one-shot value up to float32
-    summation order of the confidence sums (~1e-7 relative).
+    summation order of the confidence sums (~1e-7 relative). With
+    ``exact_sums=True`` the confidence sums are kept exactly (integer limbs)
+    and ``sum_conf`` is their correctly rounded float32: any split into
+    batches, devices or processes, merged, gives the one-shot statistics bit
+    for bit (``docs/metrics.md``, "Exact sums").
 
     Attributes:
       count: int32 ``[S]`` (``[K, S]`` class-wise) samples per bin.
@@ -38,6 +43,8 @@ class BinnedStats:
       num_bins: static ``M``; ``S = M`` or ``M + 1`` (``top='extra'``).
       convention: static :class:`~calib_jax.metrics.Convention`.
       classwise: static, True for the per-class statistics.
+      conf_limbs: int32 ``[S, L]`` / ``[K, S, L]`` exact confidence sums
+        (``exact_sums=True``), None otherwise.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -54,6 +61,7 @@ class BinnedStats:
     sum_conf: jax.Array
     sum_correct: jax.Array
     total: jax.Array
+    conf_limbs: jax.Array | None = None
     num_bins: int = struct.field(pytree_node=False, default=15)
     convention: Convention = struct.field(
         pytree_node=False, default=_conventions.PRESETS[_conventions.DEFAULT]
@@ -67,6 +75,7 @@ class BinnedStats:
         *,
         convention: str | Convention = _conventions.DEFAULT,
         num_classes: int | None = None,
+        exact_sums: bool = False,
     ) -> BinnedStats:
         """All-zero statistics (the identity of :meth:`merge`).
 
@@ -74,6 +83,7 @@ class BinnedStats:
           num_bins: static ``M``.
           convention: preset name or :class:`Convention`.
           num_classes: ``K`` for class-wise statistics, None for top-label.
+          exact_sums: keep exact confidence sums (see the class docstring).
         """
         conv = _conventions.get_convention(convention)
         m = _checks.check_num_bins(num_bins)
@@ -86,6 +96,7 @@ class BinnedStats:
             sum_conf=jnp.zeros(shape, jnp.float32),
             sum_correct=zeros,
             total=jnp.zeros((), jnp.int32),
+            conf_limbs=_exact_sums.zeros(shape) if _exact(exact_sums) else None,
             num_bins=m,
             convention=conv,
             classwise=num_classes is not None,
@@ -101,6 +112,7 @@ class BinnedStats:
         convention: str | Convention = _conventions.DEFAULT,
         classwise: bool = False,
         where: jax.typing.ArrayLike | None = None,
+        exact_sums: bool = False,
     ) -> BinnedStats:
         r"""Statistics of one batch of probabilities ``[N, K]`` and labels ``[N]``.
 
@@ -116,14 +128,17 @@ class BinnedStats:
           convention: preset name or :class:`Convention`.
           classwise: static; per-class statistics ``[K, S]`` when True.
           where: optional bool ``[N]``; ``False`` rows are left out entirely.
+          exact_sums: static; keep exact confidence sums (see the class
+            docstring; about 3 scatter-adds per entry more).
 
         Returns:
           A :class:`BinnedStats`.
         """
         conv = _conventions.get_convention(convention)
         m = _checks.check_num_bins(num_bins)
+        exact = _exact(exact_sums)
         probs, labels, where = _validate.check_probs_labels(probs, labels, where)
-        return _from_batch(probs, labels, where, m, conv, bool(classwise))
+        return _from_batch(probs, labels, where, m, conv, bool(classwise), False, exact)
 
     @classmethod
     def from_confidences(
@@ -134,14 +149,17 @@ class BinnedStats:
         num_bins: int = 15,
         convention: str | Convention = _conventions.DEFAULT,
         where: jax.typing.ArrayLike | None = None,
+        exact_sums: bool = False,
     ) -> BinnedStats:
         """Top-label statistics from confidences ``[N]`` in [0, 1] and outcomes.
 
         Use it for binary problems scored by one probability, or for any
-        precomputed confidence. ``correct`` is bool or 0/1 ``[N]``.
+        precomputed confidence. ``correct`` is bool or 0/1 ``[N]``;
+        ``exact_sums`` as in :meth:`from_batch`.
         """
         conv = _conventions.get_convention(convention)
         m = _checks.check_num_bins(num_bins)
+        exact = _exact(exact_sums)
         conf, where = _validate.check_scores(confidences, where, name="confidences")
         correct = jnp.asarray(correct)
         if correct.shape != conf.shape:
@@ -156,7 +174,7 @@ class BinnedStats:
             jnp.all((correct == 0) | (correct == 1))
         ):
             raise ValueError("correct must be bool or 0/1 per row.")
-        return _from_confidences(conf, correct.astype(bool), where, m, conv)
+        return _from_confidences(conf, correct.astype(bool), where, m, conv, exact)
 
     def merge(self, other: BinnedStats) -> BinnedStats:
         """Sum of two statistics with the same bins, convention and kind."""
@@ -172,11 +190,21 @@ class BinnedStats:
                 f"{self.count.shape} vs {other.num_bins}/{other.convention.name}/"
                 f"{other.count.shape}."
             )
+        if (self.conf_limbs is None) != (other.conf_limbs is None):
+            raise ValueError(
+                "cannot merge BinnedStats with exact and with float32 confidence "
+                "sums; expected the same exact_sums on both."
+            )
+        if self.conf_limbs is None:
+            limbs, sum_conf = None, self.sum_conf + other.sum_conf
+        else:
+            limbs, sum_conf = _exact_sums.merge(self.conf_limbs, other.conf_limbs)
         return self.replace(
             count=self.count + other.count,
-            sum_conf=self.sum_conf + other.sum_conf,
+            sum_conf=sum_conf,
             sum_correct=self.sum_correct + other.sum_correct,
             total=self.total + other.total,
+            conf_limbs=limbs,
         )
 
     __add__ = merge
@@ -275,8 +303,28 @@ def _sum_rows(terms, dtypes):
     return lax.reduce(terms, zeros, add, (0,))
 
 
+def _exact(exact_sums) -> bool:
+    return _checks.check_bool("exact_sums", exact_sums)
+
+
+def _with_exact_sums(stats, conf, bins, valid):
+    """``stats`` with exact confidence sums of the entries ``conf`` (``[N]``
+    top-label, ``[N, K]`` class-wise) binned by ``bins``."""
+    slots = _conventions.num_slots(stats.convention, stats.num_bins)
+    if conf.ndim == 1:
+        seg, total_slots = _kernels.slot(bins, valid, slots), slots
+    else:
+        seg = _kernels.slot(bins, valid[:, None], slots)
+        cls = lax.broadcasted_iota(jnp.int32, seg.shape, 1)
+        total_slots = conf.shape[1] * slots
+        seg = jnp.where(seg < slots, cls * slots + seg, total_slots)
+    limbs = _exact_sums.slot_sums(conf, seg, total_slots)
+    limbs = limbs.reshape(*stats.count.shape, _exact_sums.LIMBS)
+    return stats.replace(sum_conf=_exact_sums.to_float32(limbs), conf_limbs=limbs)
+
+
 def stats_from_batch(
-    probs, labels, where, num_bins, convention, classwise, screen=False
+    probs, labels, where, num_bins, convention, classwise, screen=False, exact=False
 ):
     """:meth:`BinnedStats.from_batch` on checked inputs (traceable); with
     ``screen`` ``(stats, sums)``, the value screen's row sums too."""
@@ -309,10 +357,17 @@ def stats_from_batch(
         convention=convention,
         classwise=classwise,
     )
+    if exact:
+        entries, bins = (
+            (probs, _conventions.bin_index(probs, num_bins, convention))
+            if classwise
+            else (conf, bins)
+        )
+        stats = _with_exact_sums(stats, entries, bins, valid)
     return (stats, *sums) if screen else stats
 
 
-def stats_from_confidences(conf, correct, where, num_bins, convention):
+def stats_from_confidences(conf, correct, where, num_bins, convention, exact=False):
     """Top-label :class:`BinnedStats` of ``(confidence, correct)`` rows
     (traceable; :meth:`BinnedStats.from_confidences` checks and jits it)."""
     conf = _common.as_float(conf)
@@ -322,7 +377,7 @@ def stats_from_confidences(conf, correct, where, num_bins, convention):
     count, sum_conf, n_correct = _kernels.accumulate_top_label(
         conf, correct, bins, valid, slots
     )
-    return BinnedStats(
+    stats = BinnedStats(
         count=count,
         sum_conf=sum_conf,
         sum_correct=n_correct,
@@ -331,7 +386,8 @@ def stats_from_confidences(conf, correct, where, num_bins, convention):
         convention=convention,
         classwise=False,
     )
+    return _with_exact_sums(stats, conf, bins, valid) if exact else stats
 
 
-_from_batch = jax.jit(stats_from_batch, static_argnums=(3, 4, 5))
-_from_confidences = jax.jit(stats_from_confidences, static_argnums=(3, 4))
+_from_batch = jax.jit(stats_from_batch, static_argnums=(3, 4, 5, 6, 7))
+_from_confidences = jax.jit(stats_from_confidences, static_argnums=(3, 4, 5))

@@ -15,7 +15,7 @@ from jax import lax
 _BLOCK = 128
 
 
-def _slot(bins, valid, slots):
+def slot(bins, valid, slots):
     """The accumulator of every row, ``slots`` (dropped) when it has none."""
     return jnp.where(valid & (bins >= 0) & (bins < slots), bins, slots)
 
@@ -40,7 +40,7 @@ def _float_sums(values, seg, slots):
 def accumulate_top_label(conf, correct, bins, valid, slots):
     """Per-slot ``(count, sum conf, sum correct)``, each ``[slots]``, of the
     included rows; a row with ``bins`` outside ``[0, slots)`` counts nowhere."""
-    seg = _slot(bins, valid, slots)
+    seg = slot(bins, valid, slots)
     count = jnp.zeros((slots,), jnp.int32).at[seg].add(1, mode="drop")
     sum_conf = _float_sums(conf, seg, slots)
     ones = correct.astype(jnp.int32)
@@ -52,5 +52,5 @@ def gap_sums_top_label(conf, correct, bins, valid, slots):
     """Per-slot sums of ``conf - correct``, ``[slots]``: all an ECE needs when
     only empty bins are skipped."""
     gap = conf - correct.astype(conf.dtype)
-    seg = _slot(bins, valid, slots)
+    seg = slot(bins, valid, slots)
     return _float_sums(gap, seg, slots)

@@ -161,10 +161,19 @@ def collect_set(
 
 
 def split_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """Accuracy, NLL, ECE (15 equal-width bins, l1), adaptive and classwise ECE, Brier."""
+    """Accuracy, NLL, ECE (15 equal-width bins, l1), adaptive and classwise ECE, Brier.
+
+    ``classwise_ece`` is :meth:`calib_jax.metrics.BinnedStats.compute` of the
+    class-wise statistics with exact confidence sums (``exact_sums=True``),
+    so scoring a run batch by batch (:mod:`calib_jax.train.scoring`) gives
+    it bit for bit; the others are :func:`calib_jax.metrics.summary`'s.
+    """
     probs = jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1)
-    values = metrics.summary(probs, jnp.asarray(labels), names=SPLIT_METRICS)
-    return {name: float(v) for name, v in values.items()}
+    labels = jnp.asarray(labels)
+    names = tuple(n for n in SPLIT_METRICS if n != "classwise_ece")
+    values = metrics.summary(probs, labels, names=names)
+    values["classwise_ece"] = scoring.classwise_stats(probs, labels).compute(1)
+    return {name: float(values[name]) for name in SPLIT_METRICS}
 
 
 def ood_metrics(test_logits: np.ndarray, ood_logits: np.ndarray) -> dict[str, float]:

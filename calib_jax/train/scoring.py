@@ -11,8 +11,9 @@ are, on the devices that computed them (rows sharded over the data mesh):
   row, as :func:`calib_jax.metrics.nll` and :func:`calib_jax.metrics.brier`
   compute them before their mean: ``O(B)`` values a batch;
 - the class-wise ECE's per-class, per-bin sums
-  (:class:`calib_jax.metrics.BinnedStats` with ``classwise=True``, ``O(K *
-  bins)``), added on the devices batch by batch (:func:`add_classwise`).
+  (:class:`calib_jax.metrics.BinnedStats` with ``classwise=True`` and exact
+  confidence sums, ``O(K * bins)``), added on the devices batch by batch
+  (:func:`add_classwise`).
 
 :class:`SetScorer` keeps the rows of every batch on the devices and gathers
 them across processes once per set (:func:`gather`: one
@@ -25,8 +26,9 @@ and adaptive ECE by :func:`calib_jax.metrics.summary` on
 mean of the same per-row values, the OOD metrics of the same scores. They
 equal the values of the gathered logits bit for bit when XLA computes the
 batch's softmax row sums as it does the whole set's (``docs/evaluate.md``,
-"Scoring without gathering logits"). The class-wise ECE's float32 sums are
-added batch by batch instead of in one pass: equal to float32 rounding.
+"Scoring without gathering logits"). The class-wise ECE's confidence sums
+are exact integers until rounded once, so adding them batch by batch gives
+the whole set's bit for bit, whatever the batches, devices and processes.
 
 :func:`local_rows` is the process's own rows of a row-sharded array (what
 the process exports: each writes its shard of every set's logits).
@@ -107,16 +109,27 @@ def row_values(probs: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
     }
 
 
+def classwise_stats(probs, labels, valid=None) -> metrics.BinnedStats:
+    """The class-wise statistics of the class-wise ECE of a set or batch:
+    :data:`NUM_BINS` equal-width bins, exact confidence sums (merged batch by
+    batch they are the whole set's bit for bit)."""
+    return metrics.BinnedStats.from_batch(
+        probs,
+        labels.astype(jnp.int32),
+        num_bins=NUM_BINS,
+        classwise=True,
+        where=valid,
+        exact_sums=True,
+    )
+
+
 @jax.jit
 def add_classwise(
     stats: metrics.BinnedStats, probs: jax.Array, labels: jax.Array, valid: jax.Array
 ) -> metrics.BinnedStats:
     """``stats`` plus the class-wise binned sums of a batch's included rows
     (``[K, S]`` tables on the device; pure, traced, so no value checks)."""
-    part = metrics.BinnedStats.from_batch(
-        probs, labels.astype(jnp.int32), num_bins=NUM_BINS, classwise=True, where=valid
-    )
-    return stats.merge(part)
+    return stats.merge(classwise_stats(probs, labels, valid))
 
 
 # XLA:CPU reduces the rows of an array of at most this many entries (per
@@ -235,7 +248,9 @@ class SetScorer:
         values = row_values(probs, labels)
         if self.split:
             if self._stats is None:
-                self._stats = metrics.BinnedStats.empty(NUM_BINS, num_classes=k)
+                self._stats = metrics.BinnedStats.empty(
+                    NUM_BINS, num_classes=k, exact_sums=True
+                )
             self._stats = add_classwise(self._stats, probs, labels, valid)
         else:
             values = {"confidence": values["confidence"]}

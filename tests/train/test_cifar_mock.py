@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from calib_jax.train import loop
+from calib_jax.train import evaluate, loop
 from configs import cifar10_resnet110, cifar100_preresnet56
 
 
@@ -56,6 +56,14 @@ def test_cifar_runs_a_few_steps_with_augmentation_and_jax_shifts(
         assert np.isfinite(summary[key])
     with np.load(tmp_path / "w" / "logits" / "test.npz") as f:
         assert f["logits"].shape == (40, classes)
+    # The end-of-run metrics, scored batch by batch on the devices, equal
+    # scoring the exported logits of every set bit for bit.
+    keys = [k for k in summary if k.endswith("/accuracy") and "/mean/" not in k]
+    sets = [k[: -len("/accuracy")] for k in keys]
+    expected = evaluate.score(evaluate.read_logits(tmp_path / "w" / "logits", sets))
+    assert len(sets) == 4 and list(summary)[: len(expected)] == list(expected)
+    for key, value in expected.items():
+        assert summary[key] == value, (key, summary[key], value)
 
 
 @pytest.mark.long

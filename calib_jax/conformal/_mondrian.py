@@ -40,10 +40,11 @@ bisection needs one threshold per row). On logits whose class axis is split
 over devices (a ``jax.Array`` with a ``NamedSharding``) the sets and scores
 therefore reshard the rows: one all-to-all over the class axes gives each
 device whole rows, ``ceil(N / D)`` of them for the ``D`` devices holding the
-rows and classes (the row count padded with rows that are cut after), i.e.
-its own share of ``[N, K]`` and never the whole array; the sorted form runs
-on them row by row, and a second all-to-all puts the bool sets back on the
-input's sharding. The values are the one-device values exactly (the
+rows and classes (each device's rows padded to a multiple of the class
+devices, the padding cut after), i.e. its own share of ``[N, K]`` and never
+the whole array (the row sort's temporaries are of that size too); the
+sorted form runs on them row by row, and a second all-to-all puts the bool
+sets back on the input's sharding. The values are the one-device values exactly (the
 per-row uniforms travel with their rows). The fit needs only the labels'
 scores: on class-sharded calibration logits it takes their row-sum form.
 
@@ -277,8 +278,8 @@ class MondrianPredictor(ConformalPredictor):
     A :class:`ConformalPredictor` whose ``qhat`` is float32 ``[K]``, one
     threshold per class (``+inf`` for a class given the ``'full'``
     fallback); ``predict_sets`` puts class :math:`y` in the set of ``x``
-    when its score is at most ``qhat[y]``. ``scores`` is inherited
-    (``labels[i] in predict_sets(...)[i]`` exactly when ``scores[i] <=
+    when its score is at most ``qhat[y]`` (``labels[i] in
+    predict_sets(...)[i]`` exactly when ``scores(...)[i] <=
     qhat[labels[i]]``, with ``allow_empty``).
 
     Attributes (beyond :class:`ConformalPredictor`'s):

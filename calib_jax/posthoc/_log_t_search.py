@@ -13,49 +13,109 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import optax
 from jax import lax
 
-# Bracket search: the first probe's distance from u0, the cap of any one
-# step and the number of probes at most.
-_FIRST_STEP = 0.1
-_MAX_STEP = 1.0
+# Bracket search after an L-BFGS run that bracketed nothing: the first
+# probe's distance relative to 1 + |u| (or the last step, if larger) and the
+# number of probes at most.
+_FIRST_PROBE = 1e-5
 _PROBES = 16
 
 
-def minimize_log_t(fun, u0, *, max_iter, gtol, xtol=1e-7):
+def minimize_log_t(fun, u0, *, max_iter, gtol, xtol=1e-7, memory_size=10):
     r"""Local minimum of the scalar ``fun`` of a scalar ``u``, downhill of ``u0``.
 
-    1. Bracket: probes downhill of ``u0`` (first at distance 0.05, then by
-       twice the distance to the root of the secant of the last two slopes,
-       between 1/4 and 8 times the previous step, at most 1) until the slope
-       changes sign, at most ``min(max_iter, 16)`` probes. No sign change:
-       the last probe is returned (still downhill).
-    2. Root: secant steps on :math:`f'` inside the bracket, bisection where
+    1. L-BFGS (the iterations of :func:`._core.lbfgs_minimize`) until
+       :math:`|f'| \le` ``gtol`` (returned), a non-finite value (the last
+       finite point returned), a step at most ``xtol * (1 + |u|)``,
+       ``max_iter`` iterations, or a downhill step across which :math:`f'`
+       changes sign (a minimum between the two iterates).
+    2. Without that bracket: probes downhill of the end point, first at
+       :math:`10^{-5}(1 + |u|)` (or the last step if larger), then by the
+       distance to the root of the secant of the last two slopes, between
+       1/4 and 8 times the previous step, until :math:`f'` changes sign, at
+       most ``min(max_iter, 16)`` probes. No sign change: the last finite
+       probe is returned (still downhill).
+    3. Root: secant steps on :math:`f'` inside the bracket, bisection where
        a secant step would leave it or not shrink (Brent 1973, Ch. 4), at
-       most ``max_iter`` steps, until :math:`|f'| \le` ``gtol`` at a
-       point (returned) or the bracket is at most ``xtol * (1 + |u|)`` wide
-       (its midpoint returned).
+       most ``max_iter`` steps, until :math:`|f'| \le` ``gtol`` at a point
+       (returned) or the bracket is at most ``xtol * (1 + |u|)`` wide (its
+       midpoint returned).
 
-    Only the sign and size of :math:`f'` steer the search: float32 holds
-    them to far better relative precision near a flat minimum than
-    :math:`f`. It ends at a root of :math:`f'` or at a kink where
-    :math:`f'` jumps across 0. Jittable; ``max_iter`` may be traced; a
-    non-finite slope ends the search at the last finite point. Returns ``u``.
+    A smooth minimum (SB-ECE with :math:`p = 2`) usually ends in step 1, as
+    plain L-BFGS. At a kink (:math:`p = 1`) :math:`f'` never reaches
+    ``gtol``; steps 2-3 use only the sign and size of :math:`f'`, which
+    float32 holds to far better relative precision there than :math:`f`,
+    and end where :math:`f'` jumps across 0. Jittable; ``max_iter`` may be
+    traced. Returns ``u``.
     """
     u0 = jnp.asarray(u0)
     grad = jax.grad(fun)
-    g0 = grad(u0)
-    a, ga, b, gb, found = _bracket(grad, u0, g0, gtol, max_iter)
+    u, g, u_prev, g_prev, bracketed = _lbfgs_until_bracket(
+        fun, u0, max_iter, gtol, xtol, memory_size
+    )
+    stop = (jnp.abs(g) <= gtol) | ~jnp.isfinite(g)
+    first = jnp.maximum(jnp.abs(u - u_prev), _FIRST_PROBE * (1.0 + jnp.abs(u)))
+    a, ga, b, gb, found = _bracket(
+        grad, u, g, u_prev, g_prev, first, gtol, max_iter, stop | bracketed
+    )
+    found = ~stop & (bracketed | found)
     skip = ~found | (jnp.abs(gb) <= gtol)
     root = _root(grad, a, ga, b, gb, gtol, xtol, max_iter, skip)
     return jnp.where(skip, b, root).astype(u0.dtype)
 
 
-def _bracket(grad, u0, g0, gtol, max_iter):
-    """``(a, f'(a), b, f'(b), found)``: the last two points, ``found`` when
-    the slope at ``b`` is within ``gtol`` of 0 or of the sign opposite
-    ``g0``'s (a minimum between ``a`` and ``b``)."""
-    direction = -jnp.sign(g0)
+def _lbfgs_until_bracket(fun, u0, max_iter, gtol, xtol, memory_size):
+    """``(u, f'(u), u_prev, f'(u_prev), bracketed)`` at the end of step 1;
+    ``f'(u)`` NaN after a non-finite value."""
+    dtype = u0.dtype
+    given = fun
+
+    def fun(x):
+        # optax's line search steps are float64 in 64-bit mode; the objective
+        # sees the dtype of u0 (as in _core.lbfgs_minimize).
+        return given(jnp.asarray(x).astype(dtype))
+
+    opt = optax.lbfgs(memory_size=memory_size)
+    value_and_grad = optax.value_and_grad_from_state(fun)
+
+    def cond(carry):
+        *_, it, done = carry
+        return (it < max_iter) & ~done
+
+    def body(carry):
+        x, state, _, _, _, it, _ = carry
+        value, g = value_and_grad(x, state=state)
+        updates, state = opt.update(g, state, x, value=value, grad=g, value_fn=fun)
+        x_new = optax.apply_updates(x, updates)
+        g_new = optax.tree.get(state, "grad")
+        bad = ~jnp.isfinite(optax.tree.get(state, "value")) | ~jnp.isfinite(g_new)
+        small_grad = jnp.abs(g_new) <= gtol
+        small_step = jnp.abs(updates) <= xtol * (1.0 + jnp.abs(x_new))
+        bracket = (g * g_new < 0) & ((x_new - x) * g < 0)
+        # A non-finite trial point is not accepted; its NaN slope ends the fit.
+        x_new = jnp.where(bad, x, x_new)
+        g_new = jnp.where(bad, jnp.nan, g_new)
+        done = bad | small_grad | small_step | bracket
+        return x_new, state, x, g, g_new, it + 1, done
+
+    # Slopes start at 0: max_iter >= 1 iterations replace them.
+    zero = jnp.zeros((), dtype)
+    no = jnp.zeros((), bool)
+    carry = (u0, opt.init(u0), u0, zero, zero, jnp.zeros((), jnp.int32), no)
+    u, _, u_prev, g_prev, g, _, _ = lax.while_loop(cond, body, carry)
+    u, u_prev = u.astype(dtype), u_prev.astype(dtype)
+    g, g_prev = g.astype(dtype), g_prev.astype(dtype)
+    bracketed = (g * g_prev < 0) & ((u - u_prev) * g_prev < 0)
+    return u, g, u_prev, g_prev, bracketed
+
+
+def _bracket(grad, u, g, u_prev, g_prev, first, gtol, max_iter, skip):
+    """``(a, f'(a), b, f'(b), found)``: ``(u_prev, u)`` when ``skip``, else
+    the last two probes downhill of ``u``; ``found`` when the slope at ``b``
+    is within ``gtol`` of 0 or of the sign opposite ``g``'s."""
+    direction = -jnp.sign(g)
     limit = jnp.minimum(max_iter, _PROBES)
 
     def cond(carry):
@@ -70,19 +130,17 @@ def _bracket(grad, u0, g0, gtol, max_iter):
         shrinks = jnp.abs(gb) < jnp.abs(ga)
         secant = jnp.abs(gb) * last / jnp.where(shrinks, jnp.abs(ga - gb), 1.0)
         step = jnp.where(shrinks, jnp.clip(secant, 0.25 * last, 8.0 * last), 4.0 * last)
-        step = jnp.minimum(jnp.where(k == 0, _FIRST_STEP, step), _MAX_STEP)
-        c = b + direction * step.astype(b.dtype)
+        c = b + direction * jnp.where(k == 0, first, step).astype(b.dtype)
         gc = grad(c)
         finite = jnp.isfinite(gc)
-        found = finite & ((gc * g0 <= 0) | (jnp.abs(gc) <= gtol))
+        found = finite & ((gc * g <= 0) | (jnp.abs(gc) <= gtol))
         a, ga = jnp.where(finite, b, a), jnp.where(finite, gb, ga)
         b, gb = jnp.where(finite, c, b), jnp.where(finite, gc, gb)
         return a, ga, b, gb, k + 1, found | ~finite
 
-    done = (jnp.abs(g0) <= gtol) | ~jnp.isfinite(g0)
-    carry = (u0, g0, u0, g0, jnp.zeros((), jnp.int32), done)
+    carry = (u_prev, g_prev, u, g, jnp.zeros((), jnp.int32), skip)
     a, ga, b, gb, _, _ = lax.while_loop(cond, body, carry)
-    found = jnp.isfinite(gb) & ((gb * g0 <= 0) | (jnp.abs(gb) <= gtol))
+    found = jnp.isfinite(gb) & ((gb * g <= 0) | (jnp.abs(gb) <= gtol))
     return a, ga, b, gb, found
 
 

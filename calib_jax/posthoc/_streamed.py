@@ -167,7 +167,8 @@ def fit_of_chunks(
     ``'ts:sb_ece'`` (TS-SB-ECE, Sec. 5.2 and App. C of [2]):
       :math:`\min_T \mathrm{SB\text{-}ECE}_{\mathrm{lb},p}(M, T_{\mathrm{sb}})`
       of :math:`z/T` (Eq. (12) of [2]; Eq. (11) with ``sb_kind='bin'``) by
-      the same L-BFGS, started from the NLL temperature, as the in-memory fit.
+      the same L-BFGS and derivative root search, started from the NLL
+      temperature, as the in-memory fit.
 
     The temperature equals the in-memory fit's to float32 rounding (the sums
     are added in another order).

@@ -51,7 +51,9 @@ def fit_temperature(
       :math:`\min_T \mathrm{SB\text{-}ECE}_{\mathrm{lb},p}(M, T_{\mathrm{sb}})`
       of :math:`z/T` (Eq. (12) of [2]) by the same L-BFGS on :math:`\log T`,
       started from the ``'nll'`` temperature (SB-ECE is not convex in
-      :math:`T`: the local minimum reached from there). Defaults: :math:`M` =
+      :math:`T`: the local minimum reached from there), ended by a root
+      search on its derivative where L-BFGS brackets a sign change of it or
+      stalls (the :math:`p = 1` minimum is a kink; ``docs/posthoc.md``). Defaults: :math:`M` =
       15 (the paper's, App. G), :math:`p = 2` (the :math:`\ell_2` ECE the
       paper reports), :math:`T_{\mathrm{sb}}` = 0.01 (the paper publishes no
       value) and ``sb_kind='lb'`` (Eq. (12); ``'bin'`` is Eq. (11)).

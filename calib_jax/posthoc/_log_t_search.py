@@ -21,6 +21,7 @@ from jax import lax
 # number of probes at most.
 _FIRST_PROBE = 1e-5
 _PROBES = 16
+_STALL = 4
 
 
 def minimize_log_t(fun, u0, *, max_iter, gtol, xtol=1e-7, memory_size=10):
@@ -29,8 +30,10 @@ def minimize_log_t(fun, u0, *, max_iter, gtol, xtol=1e-7, memory_size=10):
     1. L-BFGS (the iterations of :func:`._core.lbfgs_minimize`) until
        :math:`|f'| \le` ``gtol`` (returned), a non-finite value (the last
        finite point returned), a step at most ``xtol * (1 + |u|)``,
-       ``max_iter`` iterations, or a downhill step across which :math:`f'`
-       changes sign (a minimum between the two iterates).
+       ``max_iter`` iterations, an iteration whose line search took more
+       than 4 steps (:math:`f'` is not smooth there: each further one
+       costs an evaluation and gains little), or a downhill step across
+       which :math:`f'` changes sign (a minimum between the two iterates).
     2. Without that bracket: probes downhill of the end point, first at
        :math:`10^{-5}(1 + |u|)` (or the last step if larger), then by the
        distance to the root of the secant of the last two slopes, between
@@ -97,7 +100,9 @@ def _lbfgs_until_bracket(fun, u0, max_iter, gtol, xtol, memory_size):
         # A non-finite trial point is not accepted; its NaN slope ends the fit.
         x_new = jnp.where(bad, x, x_new)
         g_new = jnp.where(bad, jnp.nan, g_new)
-        done = bad | small_grad | small_step | bracket
+        # A line search of many steps: f' is not smooth here (a kink).
+        stalled = optax.tree.get(state, "num_linesearch_steps") > _STALL
+        done = bad | small_grad | small_step | bracket | stalled
         return x_new, state, x, g, g_new, it + 1, done
 
     # Slopes start at 0: max_iter >= 1 iterations replace them.

@@ -21,6 +21,7 @@ from jax import lax
 # number of probes at most.
 _FIRST_PROBE = 1e-5
 _PROBES = 16
+# L-BFGS hands over to the root search after a line search of more steps.
 _STALL = 4
 
 

@@ -258,7 +258,7 @@ def test_no_import_cycle_anywhere():
 POSTHOC_SHARED = {"_base", "_core", "_cpu_kernels", "_reduction", "_validate"}
 POSTHOC_METHODS = {
     "_temperature": set(),
-    "_temperature_fit": {"_temperature"},  # the objectives in log T
+    "_temperature_fit": {"_temperature", "_log_t_search"},  # objectives in log T
     "_ets": {"_temperature"},  # stage 1 is TS; stage 2 its NLL in log T
     "_pts": {"_temperature"},  # the NLL in log T with per-row temperatures
     "_cts": set(),

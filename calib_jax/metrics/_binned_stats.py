@@ -311,15 +311,8 @@ def _with_exact_sums(stats, conf, bins, valid):
     """``stats`` with exact confidence sums of the entries ``conf`` (``[N]``
     top-label, ``[N, K]`` class-wise) binned by ``bins``."""
     slots = _conventions.num_slots(stats.convention, stats.num_bins)
-    if conf.ndim == 1:
-        seg, total_slots = _kernels.slot(bins, valid, slots), slots
-    else:
-        seg = _kernels.slot(bins, valid[:, None], slots)
-        cls = lax.broadcasted_iota(jnp.int32, seg.shape, 1)
-        total_slots = conf.shape[1] * slots
-        seg = jnp.where(seg < slots, cls * slots + seg, total_slots)
-    limbs = _exact_sums.slot_sums(conf, seg, total_slots)
-    limbs = limbs.reshape(*stats.count.shape, _exact_sums.LIMBS)
+    keep = valid if conf.ndim == 1 else valid[:, None]
+    limbs = _exact_sums.slot_sums(conf, _kernels.slot(bins, keep, slots), slots)
     return stats.replace(sum_conf=_exact_sums.to_float32(limbs), conf_limbs=limbs)
 
 

@@ -69,35 +69,69 @@ def merge(a, b):
 
 
 def _scatter(values, seg, slots):
-    """Normalized ``[slots, LIMBS]`` limbs of the values of each slot
-    (``seg == slots``: dropped), at most :data:`ROWS` rows' worth."""
+    """CPU form of :func:`_block_sums`: three scatter-adds per entry."""
     limb, pieces = _pieces(values)
-    base = jnp.where(seg < slots, seg * LIMBS + limb, slots * LIMBS)
-    acc = jnp.zeros((slots * LIMBS,), jnp.int32)
+    cls = lax.broadcasted_iota(jnp.int32, values.shape, values.ndim - 1)
+    width = cls.shape[-1] if values.ndim == 2 else 1
+    cls = cls if values.ndim == 2 else jnp.zeros_like(seg)
+    size = width * slots * LIMBS
+    base = jnp.where(seg < slots, (cls * slots + seg) * LIMBS + limb, size)
+    acc = jnp.zeros((size,), jnp.int32)
     for j, piece in enumerate(pieces):
-        idx = jnp.where(limb + j < LIMBS, base + j, slots * LIMBS)
+        idx = jnp.where(limb + j < LIMBS, base + j, size)
         acc = acc.at[idx.reshape(-1)].add(
             piece.astype(jnp.int32).reshape(-1), mode="drop"
         )
-    return normalize(acc.reshape(slots, LIMBS))
+    return acc.reshape(*values.shape[1:], slots, LIMBS)
+
+
+def _dense(values, seg, slots):
+    """Plain form of :func:`_block_sums`: each entry's pieces laid out over
+    the limbs, masked by slot and summed over the rows (one reduction; a
+    TPU's scatter-adds touch far more bytes)."""
+    limb, (lo, mid, hi) = _pieces(values)
+    shape = (*values.shape, LIMBS)
+    offset = lax.broadcasted_iota(jnp.int32, shape, values.ndim) - limb[..., None]
+    spread = jnp.where(
+        offset == 0,
+        lo[..., None],
+        jnp.where(
+            offset == 1, mid[..., None], jnp.where(offset == 2, hi[..., None], 0)
+        ),
+    ).astype(jnp.int32)
+    shape = (*values.shape, slots, 1)
+    hit = lax.broadcasted_iota(jnp.int32, shape, values.ndim) == seg[..., None, None]
+    return jnp.sum(jnp.where(hit, spread[..., None, :], 0), axis=0)
+
+
+def _block_sums(values, seg, slots):
+    """Limbs ``[..., slots, LIMBS]`` (not normalized) of at most :data:`ROWS`
+    rows: by scatter-adds on the CPU, by one reduction elsewhere."""
+    return lax.platform_dependent(
+        values,
+        seg,
+        cpu=lambda v, s: _scatter(v, s, slots),
+        default=lambda v, s: _dense(v, s, slots),
+    )
 
 
 def slot_sums(values, seg, slots):
-    """Exact ``[slots, LIMBS]`` sums of ``values`` ``[N, ...]`` (float32,
-    non-negative) by slot ``seg`` (same shape; ``seg == slots``: dropped),
+    """Exact sums of the float32 non-negative ``values`` ``[N]`` or ``[N, K]``
+    by slot ``seg`` (same shape, in ``[0, slots]``; ``slots``: dropped), per
+    column: normalized limbs ``[slots, LIMBS]`` or ``[K, slots, LIMBS]``,
     in blocks of :data:`ROWS` rows."""
     n = values.shape[0]
     if n <= ROWS:
-        return _scatter(values, seg, slots)
+        return normalize(_block_sums(values, seg, slots))
     blocks = -(-n // ROWS)
     pad = [(0, blocks * ROWS - n)] + [(0, 0)] * (values.ndim - 1)
     values = jnp.pad(values, pad).reshape(blocks, ROWS, *values.shape[1:])
     seg = jnp.pad(seg, pad, constant_values=slots).reshape(values.shape)
 
     def body(acc, block):
-        return add(acc, _scatter(*block, slots)), None
+        return add(acc, _block_sums(*block, slots)), None
 
-    out, _ = lax.scan(body, zeros((slots,)), (values, seg))
+    out, _ = lax.scan(body, zeros((*values.shape[2:], slots)), (values, seg))
     return out
 
 

@@ -175,3 +175,17 @@ def test_mixing_exact_and_float32_sums_is_a_one_line_error():
         assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="exact_sums must be True or False, got 1"):
         metrics.BinnedStats.from_batch(probs, labels, exact_sums=1)
+
+
+def test_the_plain_form_equals_the_cpu_scatter_form():
+    """Off the CPU the limbs come from one masked reduction instead of
+    scatter-adds: the same integers, entries piled just below 1 included."""
+    probs, labels = _softmax_near_one(300, 10, 6)
+    bins = np.clip(np.floor(probs * 15).astype(np.int32), 0, 14)
+    bins[::7, 3] = 15  # dropped entries
+    for values, seg in ((probs, bins), (probs.max(1), bins[:, 0])):
+        args = (jnp.asarray(values), jnp.asarray(seg), 15)
+        plain = _exact_sums.normalize(_exact_sums._dense(*args))
+        tuned = _exact_sums.normalize(_exact_sums._scatter(*args))
+        np.testing.assert_array_equal(plain, tuned)
+        assert plain.shape == (*values.shape[1:], 15, _exact_sums.LIMBS)
